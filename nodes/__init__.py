@@ -1,0 +1,1 @@
+"""Node implementations, one module per node kind (see zmqrl.topology.NODE_KINDS)."""

@@ -1,0 +1,250 @@
+"""Inference broker (SEED RL): batches every actor's observations through one model.
+
+Each loop turn it takes every ``step`` request that has arrived (never waiting for more
+unless ``max_wait_ms`` says so: waiting was the slowest policy measured), runs the
+model once per batch of up to ``max_batch`` envs, and replies ``act`` to each actor.
+It also keeps, per actor connection, the trajectory of its envs and ships every
+``unroll`` steps a time-major block (observations, actions, behaviour log-probs,
+rewards, dones, and the episodes that finished) to the learner, and loads the newest
+parameters the learner publishes.
+
+Backpressure: if the learner stops taking unrolls, they wait in a small outbox; once
+that holds ``max_outbox`` unrolls the broker stops reading actor requests, so actors
+block instead of memory growing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zmq
+
+from zmqrl import wire
+from zmqrl.envs import EnvSpec, env_spec
+from zmqrl.metrics import LatencyReservoir
+from zmqrl.models import build_model, load_state_arrays, pick_device
+from zmqrl.node import Link, Node
+
+
+class _Trajectory:
+    """One actor connection's envs over the current unroll, time-major."""
+
+    def __init__(self, spec: EnvSpec, unroll: int, n: int):
+        self.obs = np.zeros((unroll + 1, n, *spec.obs_shape), spec.obs_dtype)
+        self.action = np.zeros((unroll, n, *spec.action_shape), spec.action_dtype)
+        self.logp = np.zeros((unroll, n), np.float32)
+        self.reward = np.zeros((unroll, n), np.float32)
+        self.done = np.zeros((unroll, n), np.bool_)
+        self.t = 0  # completed transitions in this unroll
+        self.pending = False  # an action was sent and its outcome not yet reported
+        self.version = 0  # oldest parameter version that acted in this unroll
+        self.n = n
+        self.last_seen = time.monotonic()
+
+
+class InferenceBroker(Node):
+    binds = {"policy": "router"}
+    links = {"params": Link("sub", required=False), "experience": Link("dealer", required=False)}
+    metrics_interval_s = 1.0
+
+    @dataclass
+    class Args:
+        max_batch: int = 1024  # envs per forward pass
+        max_wait_ms: float = 0.0  # >0: wait this long for a fuller batch
+        device: str = "auto"
+        unroll: int | None = None  # default: algo.unroll
+        max_outbox: int = 4
+        client_timeout_s: float = 60.0  # forget a silent actor's half-built unroll
+
+    def setup(self) -> None:
+        torch.set_num_threads(1)
+        self.spec = env_spec(self.ctx.topo.env)
+        self.device = pick_device(self.args.device)
+        self.model = build_model(self.ctx.topo.model, self.spec, self.ctx.topo.seed).to(self.device)
+        self.model.eval()
+        self.unroll = self.args.unroll or int(self.ctx.topo.algo.get("unroll", 20))
+        self.version = 0
+        self._latest_params: wire.Message | None = None
+        self.pending: list[tuple[list, wire.Message]] = []
+        self.pending_envs = 0
+        self.first_pending_at = 0.0
+        self.trajectories: dict[bytes, _Trajectory] = {}
+        self.outbox: deque[list] = deque()
+        self._blocked = False
+        self.episodes_returns: list[np.ndarray] = []
+        self.episodes_lengths: list[np.ndarray] = []
+        self.ship = "experience" in self.sockets
+        self.env_steps = 0
+        self.batches = 0
+        self.batch_envs = 0
+        self.latency = LatencyReservoir()
+        self.every(5.0, self._forget_silent_actors)
+        self.log.info("model on %s, unroll %d", self.device, self.unroll)
+
+    # ----- requests -----------------------------------------------------------------
+    def on_policy(self, envelope: list, msg: wire.Message) -> None:
+        if msg.type != wire.STEP:
+            raise wire.ProtocolError(f"policy port takes '{wire.STEP}', not '{msg.type}'")
+        obs = msg.arrays.get("obs")
+        if obs is None or obs.shape[1:] != self.spec.obs_shape or obs.shape[0] < 1:
+            shape = None if obs is None else obs.shape
+            raise wire.ProtocolError(
+                f"step needs 'obs' of shape [n, {', '.join(map(str, self.spec.obs_shape))}], "
+                f"got {shape}"
+            )
+        n = obs.shape[0]
+        for key in ("reward", "done"):
+            if key not in msg.arrays or msg.arrays[key].shape != (n,):
+                raise wire.ProtocolError(f"step needs '{key}' of shape [{n}]")
+        returns, lengths = msg.arrays.get("ep_return"), msg.arrays.get("ep_length")
+        if (returns is None) != (lengths is None) or (
+                returns is not None and (returns.ndim != 1 or returns.shape != lengths.shape)):
+            raise wire.ProtocolError("'ep_return' and 'ep_length' must come together, same length")
+        if not self.pending:
+            self.first_pending_at = time.perf_counter()
+        self.pending.append((envelope, msg))
+        self.pending_envs += n
+
+    def on_params(self, _envelope: list, msg: wire.Message) -> None:
+        if msg.type != wire.PARAMS:
+            raise wire.ProtocolError(f"params link takes '{wire.PARAMS}', not '{msg.type}'")
+        self._latest_params = msg  # only the newest is loaded, once per loop turn
+
+    def poll_timeout_ms(self) -> int:
+        if self.pending and self.args.max_wait_ms > 0:
+            waited = (time.perf_counter() - self.first_pending_at) * 1e3
+            return max(0, int(self.args.max_wait_ms - waited))
+        return 100
+
+    def after_poll(self) -> None:
+        self._load_params()
+        self._flush_outbox()
+        if not self.pending:
+            return
+        waited_ms = (time.perf_counter() - self.first_pending_at) * 1e3
+        if self.pending_envs < self.args.max_batch and waited_ms < self.args.max_wait_ms:
+            return
+        while self.pending:
+            batch, envs = [], 0
+            while self.pending and (not batch or envs + self.pending[0][1]["obs"].shape[0]
+                                    <= self.args.max_batch):
+                batch.append(self.pending.pop(0))
+                envs += batch[-1][1]["obs"].shape[0]
+            self._serve(batch, envs)
+        self.pending_envs = 0
+
+    def _serve(self, batch: list[tuple[list, wire.Message]], envs: int) -> None:
+        # One copy either way: frames are read-only and torch wants writable memory.
+        if len(batch) > 1:
+            obs = np.concatenate([m["obs"] for _, m in batch])
+        else:
+            obs = batch[0][1]["obs"].copy()
+        action, logp = self.model.act(torch.from_numpy(obs).to(self.device))
+        action = action.cpu().numpy().astype(self.spec.action_dtype, copy=False)
+        logp = logp.cpu().numpy()
+        now = time.perf_counter()
+        start = 0
+        for envelope, msg in batch:
+            n = msg["obs"].shape[0]
+            a, lp = action[start:start + n], logp[start:start + n]
+            start += n
+            self.send("policy", wire.encode(wire.ACT, {"action": a}, seq=msg.fields.get("seq")),
+                      envelope)
+            self.latency.add(now - self.first_pending_at)
+            if self.ship:
+                self._record(envelope, msg, a, lp)
+        self.env_steps += envs
+        self.batches += 1
+        self.batch_envs += envs
+
+    # ----- unroll assembly ----------------------------------------------------------
+    def _record(self, envelope: list, msg: wire.Message, action: np.ndarray,
+                logp: np.ndarray) -> None:
+        key = b"".join(bytes(f) for f in envelope)
+        n = msg["obs"].shape[0]
+        traj = self.trajectories.get(key)
+        if traj is None or traj.n != n:
+            traj = self.trajectories[key] = _Trajectory(self.spec, self.unroll, n)
+            traj.version = self.version
+        traj.last_seen = time.monotonic()
+        if traj.pending:
+            traj.reward[traj.t] = msg["reward"]
+            traj.done[traj.t] = msg["done"]
+            traj.t += 1
+        returns = msg.arrays.get("ep_return")
+        if returns is not None and returns.size:
+            self.episodes_returns.append(returns.astype(np.float32))
+            self.episodes_lengths.append(msg["ep_length"].astype(np.int32))
+        traj.obs[traj.t] = msg["obs"]
+        if traj.t == self.unroll:
+            self._ship(traj)
+            traj.obs[0] = msg["obs"]
+            traj.t = 0
+            traj.version = self.version
+        traj.action[traj.t] = action
+        traj.logp[traj.t] = logp
+        traj.pending = True
+
+    def _ship(self, traj: _Trajectory) -> None:
+        arrays = {"obs": traj.obs, "action": traj.action, "logp": traj.logp,
+                  "reward": traj.reward, "done": traj.done}
+        if self.episodes_returns:
+            arrays["ep_return"] = np.concatenate(self.episodes_returns)
+            arrays["ep_length"] = np.concatenate(self.episodes_lengths)
+            self.episodes_returns, self.episodes_lengths = [], []
+        # encode() copies small arrays into the header; large ones must not alias the
+        # buffers we keep writing into, so copy those before queueing.
+        frames = wire.encode(wire.UNROLL, {k: v.copy() for k, v in arrays.items()},
+                             version=traj.version)
+        self.outbox.append(frames)
+        self._flush_outbox()
+
+    def _flush_outbox(self) -> None:
+        while self.outbox:
+            if not self.send("experience", self.outbox[0], flags=zmq.NOBLOCK):
+                break  # the learner's queue is full: the unroll waits here
+            self.outbox.popleft()
+        blocked = len(self.outbox) >= self.args.max_outbox
+        if blocked != self._blocked:
+            self._blocked = blocked
+            self.set_polling("policy", not blocked)
+            self.log.info("learner is behind: pausing actors" if blocked else "resuming actors")
+
+    def _load_params(self) -> None:
+        msg, self._latest_params = self._latest_params, None
+        if msg is None:
+            return
+        version = int(msg.fields.get("version", 0))
+        if version <= self.version:
+            return
+        try:
+            load_state_arrays(self.model, msg.arrays)
+        except (RuntimeError, KeyError) as exc:
+            self.bad_messages += 1
+            self.log.error("rejected params version %d: %s", version, exc)
+            return
+        self.version = version
+
+    def _forget_silent_actors(self) -> None:
+        cutoff = time.monotonic() - self.args.client_timeout_s
+        for key in [k for k, t in self.trajectories.items() if t.last_seen < cutoff]:
+            del self.trajectories[key]
+
+    def metrics(self) -> dict:
+        p50, p99 = self.latency.percentiles_ms()
+        row = {
+            "env_steps": self.env_steps,
+            "param_version": self.version,
+            "batches": self.batches,
+            "batch_envs_mean": round(self.batch_envs / self.batches, 2) if self.batches else 0,
+            "latency_p50_ms": p50,
+            "latency_p99_ms": p99,
+            "outbox": len(self.outbox),
+            "actors": len(self.trajectories),
+        }
+        self.batch_envs = self.batches = 0
+        return row

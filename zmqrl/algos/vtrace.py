@@ -1,0 +1,155 @@
+"""V-trace off-policy correction and the IMPALA actor-critic loss.
+
+Reference: Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with
+Importance Weighted Actor-Learner Architectures", section 4.
+
+All tensors are time-major: shape [T, B] (``bootstrap_value`` is [B]).
+``discounts`` is ``gamma * (1 - done)`` per step, so an episode end cuts
+both the bootstrap and the product of trace coefficients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+
+class VTraceReturns(NamedTuple):
+    vs: torch.Tensor  # [T, B] V-trace value targets
+    pg_advantages: torch.Tensor  # [T, B] clipped-rho policy-gradient advantages
+
+
+def _clip(x: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    return x if threshold is None else torch.clamp(x, max=threshold)
+
+
+@torch.no_grad()
+def vtrace(
+    behaviour_logp: torch.Tensor,
+    target_logp: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    discounts: torch.Tensor,
+    clip_rho: float | None = 1.0,
+    clip_c: float | None = 1.0,
+    clip_pg_rho: float | None = 1.0,
+) -> VTraceReturns:
+    """V-trace targets via the backward recursion
+    ``vs_s - V(x_s) = delta_s + discount_s * c_s * (vs_{s+1} - V(x_{s+1}))``
+    with ``delta_s = rho_s * (r_s + discount_s * V(x_{s+1}) - V(x_s))``.
+    A threshold of None disables that clipping.
+    """
+    ratios = torch.exp(target_logp - behaviour_logp)
+    rhos = _clip(ratios, clip_rho)
+    cs = _clip(ratios, clip_c)
+
+    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = rhos * (rewards + discounts * next_values - values)
+
+    acc = torch.zeros_like(bootstrap_value)  # vs_{s+1} - V(x_{s+1}); zero past T
+    vs_minus_v = torch.empty_like(values)
+    for t in reversed(range(values.shape[0])):
+        acc = deltas[t] + discounts[t] * cs[t] * acc
+        vs_minus_v[t] = acc
+    vs = values + vs_minus_v
+
+    next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    pg_rhos = _clip(ratios, clip_pg_rho)
+    pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+def impala_loss(
+    target_logp: torch.Tensor,
+    entropy: torch.Tensor,
+    values: torch.Tensor,
+    vtrace_returns: VTraceReturns,
+    baseline_cost: float = 0.5,
+    entropy_cost: float = 0.01,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """IMPALA actor-critic loss: policy gradient + value regression - entropy bonus."""
+    pg_adv = vtrace_returns.pg_advantages.detach()
+    vs = vtrace_returns.vs.detach()
+
+    loss_policy = -(pg_adv * target_logp).mean()
+    loss_baseline = baseline_cost * 0.5 * ((vs - values) ** 2).mean()
+    loss_entropy = -entropy_cost * entropy.mean()
+    loss = loss_policy + loss_baseline + loss_entropy
+
+    terms = {
+        "loss_policy": loss_policy.item(),
+        "loss_baseline": loss_baseline.item(),
+        "loss_entropy": loss_entropy.item(),
+        "loss_total": loss.item(),
+    }
+    return loss, terms
+
+
+@dataclass
+class VTraceConfig:
+    """Hyperparameters of the V-trace learner (the topology's ``algo`` section)."""
+
+    kind: str = "vtrace"
+    unroll: int = 20  # steps per unroll; the broker assembles unrolls this long
+    batch_size: int = 32  # env columns (unrolls) per update
+    lr: float = 6e-4
+    discount: float = 0.99
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.01
+    clip_rho: float | None = 1.0
+    clip_c: float | None = 1.0
+    clip_pg_rho: float | None = 1.0
+    max_grad_norm: float = 40.0
+    epochs: int = 1  # SGD passes over each batch (V-trace corrects the drift)
+    minibatches: int = 1  # column splits per pass
+    normalize_advantages: bool = False
+    adam_eps: float = 1e-5
+
+
+class VTraceLearner:
+    """One V-trace actor-critic update per call over a time-major batch of unrolls."""
+
+    def __init__(self, cfg: VTraceConfig, model: torch.nn.Module):
+        self.cfg = cfg
+        self.model = model
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``batch``: obs [T+1, B, ...], action/logp/reward/done [T, B]."""
+        cfg = self.cfg
+        columns = batch["action"].shape[1]
+        terms: dict[str, float] = {}
+        for _ in range(cfg.epochs):
+            order = torch.randperm(columns, device=batch["action"].device)
+            for idx in order.chunk(cfg.minibatches):
+                terms = self._step({k: v[:, idx] for k, v in batch.items()})
+        return terms
+
+    def _step(self, mb: dict[str, torch.Tensor]) -> dict[str, float]:
+        cfg = self.cfg
+        T, B = mb["action"].shape[:2]
+        obs = mb["obs"].float()
+        logits, values = self.model(obs.reshape((T + 1) * B, *obs.shape[2:]))
+        logits = logits.reshape(T + 1, B, -1)[:T]
+        values = values.reshape(T + 1, B)
+        logp_all = torch.log_softmax(logits, dim=-1)
+        target_logp = logp_all.gather(-1, mb["action"].long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        discounts = cfg.discount * (~mb["done"].bool()).float()
+        returns = vtrace(mb["logp"], target_logp.detach(), mb["reward"], values[:T].detach(),
+                         values[T].detach(), discounts, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho)
+        if cfg.normalize_advantages:
+            adv = returns.pg_advantages
+            returns = returns._replace(pg_advantages=(adv - adv.mean()) / (adv.std() + 1e-8))
+        loss, terms = impala_loss(target_logp, entropy, values[:T], returns,
+                                  cfg.baseline_cost, cfg.entropy_cost)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        terms["grad_norm"] = float(grad_norm)
+        terms["entropy"] = float(entropy.detach().mean())
+        return terms

@@ -1,0 +1,135 @@
+"""The ``zmqrl`` command line: up, node, procfile, validate, bench."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from zmqrl import launch
+from zmqrl.topology import Topology, TopologyError, load, merge
+
+
+def _overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--set nodes.actor.replicas=2`` pairs as one nested dict (values parsed as YAML)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"'{pair}' is not KEY=VALUE", param_hint="--set")
+        nested: Any = yaml.safe_load(value)
+        for part in reversed(key.split(".")):
+            nested = {part: nested}
+        out = merge(out, nested)
+    return out
+
+
+def _load(path: str, sets: tuple[str, ...] = ()) -> Topology:
+    try:
+        return load(path, _overrides(sets))
+    except TopologyError as exc:
+        for line in exc.errors:
+            click.echo(f"error: {line}", err=True)
+        sys.exit(2)
+
+
+_set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                           help="Override a topology field, e.g. nodes.actor.replicas=2.")
+
+
+@click.group()
+@click.version_option(package_name="zmqrl")
+def main() -> None:
+    """zmqrl: distributed reinforcement learning as ZeroMQ nodes wired by YAML."""
+
+
+@main.command()
+@click.argument("topology", type=click.Path(dir_okay=False))
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Default: runs/<name>-<time>.")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Stop after this many env steps.")
+@click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True),
+              help="Stop after this long.")
+@click.option("--target-return", type=float,
+              help="Stop once the mean return of the last 100 episodes reaches this.")
+@_set_option
+def up(topology: str, run_dir: str | None, max_steps: int | None, max_seconds: float | None,
+       target_return: float | None, sets: tuple[str, ...]) -> None:
+    """Run every node of TOPOLOGY on this machine until stopped."""
+    topo = _load(topology, sets)
+    directory = Path(run_dir) if run_dir else launch.default_run_dir(topo)
+    stop = launch.StopConditions(max_steps, max_seconds, target_return)
+    sys.exit(launch.Supervisor(topo, directory, stop).run())
+
+
+@main.command()
+@click.argument("topology", type=click.Path(dir_okay=False))
+@click.argument("name")
+@click.option("--replica", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="Shared by every node of the run (ipc sockets live there). "
+                   "Default: runs/<name>.")
+@click.option("--supervisor", help="Address of the supervisor to report to (set by `up`).")
+@click.option("--restart-in-process", is_flag=True,
+              help="Apply the node's restart policy inside this process (for honcho).")
+@_set_option
+def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor: str | None,
+         restart_in_process: bool, sets: tuple[str, ...]) -> None:
+    """Run node NAME of TOPOLOGY (one replica) in this process."""
+    topo = _load(topology, sets)
+    if name not in topo.nodes:
+        raise click.BadParameter(f"no node '{name}' in {topology} (nodes: "
+                                 f"{', '.join(topo.nodes)})", param_hint="NAME")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    directory = Path(run_dir) if run_dir else launch.default_run_dir(topo, timestamped=False)
+    sys.exit(launch.run_node(topo, name, replica, directory, supervisor, restart_in_process))
+
+
+@main.command()
+@click.argument("topology", type=click.Path(dir_okay=False))
+@click.option("--run-dir", default=None, help="Default: runs/<name>.")
+@_set_option
+def procfile(topology: str, run_dir: str | None, sets: tuple[str, ...]) -> None:
+    """Print a Procfile (for honcho/foreman) that runs TOPOLOGY."""
+    topo = _load(topology, sets)
+    directory = run_dir or str(launch.default_run_dir(topo, timestamped=False))
+    click.echo(launch.procfile(topo, topology, directory), nl=False)
+
+
+@main.command()
+@click.argument("topologies", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def validate(topologies: tuple[str, ...]) -> None:
+    """Check topology files; print every problem with its file, node and field."""
+    failed = False
+    for path in topologies:
+        try:
+            topo = load(path)
+        except TopologyError as exc:
+            failed = True
+            for line in exc.errors:
+                click.echo(f"error: {line}", err=True)
+            continue
+        replicas = sum(s.replicas for s in topo.nodes.values())
+        click.echo(f"ok: {path}: {len(topo.nodes)} nodes, {replicas} processes")
+    sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.option("--actors", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option("--envs", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Envs per actor.")
+@click.option("--seconds", default=10.0, show_default=True, type=float)
+@click.option("--topology", "topology_path", default="topologies/seed.yaml", show_default=True)
+def bench(actors: int, envs: int, seconds: float, topology_path: str) -> None:
+    """SEED acting throughput against the no-network limit, measured in one run."""
+    from zmqrl.bench import run_bench
+
+    run_bench(topology_path, actors, envs, seconds)
+
+
+if __name__ == "__main__":
+    main()

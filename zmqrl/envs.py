@@ -1,0 +1,52 @@
+"""Gymnasium construction: vector envs, and what the rest of the system needs to know
+about spaces (observation shape and dtype, action shape and dtype)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    action_shape: tuple[int, ...]  # () for discrete actions
+    action_dtype: np.dtype
+    num_actions: int | None  # discrete action count; None for continuous
+
+
+def make_vector_env(env_cfg: dict[str, Any], num_envs: int, seed: int) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of ``env_cfg['id']`` stepped in this process.
+
+    SAME_STEP autoreset: when an episode ends, the returned observation is already the
+    first observation of the next one, so every transition we ship is a real one.
+    """
+    env = gym.make_vec(
+        env_cfg["id"],
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+        **env_cfg.get("kwargs", {}),
+    )
+    env.action_space.seed(seed)
+    return env
+
+
+def env_spec(env_cfg: dict[str, Any]) -> EnvSpec:
+    env = gym.make(env_cfg["id"], **env_cfg.get("kwargs", {}))
+    try:
+        obs, act = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if not isinstance(obs, gym.spaces.Box):
+        raise ValueError(f"env {env_cfg['id']}: observation space {obs} is not a Box")
+    if isinstance(act, gym.spaces.Discrete):
+        return EnvSpec(obs.shape, np.dtype(np.float32), (), np.dtype(np.int64), int(act.n))
+    if isinstance(act, gym.spaces.Box):
+        return EnvSpec(obs.shape, np.dtype(np.float32), act.shape, np.dtype(np.float32), None)
+    raise ValueError(f"env {env_cfg['id']}: action space {act} is not Discrete or Box")

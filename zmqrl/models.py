@@ -1,0 +1,83 @@
+"""Torch networks. ``build_model`` turns a topology's ``model`` section into a module."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from zmqrl.envs import EnvSpec
+
+
+def mlp(sizes: list[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(activation())
+    return nn.Sequential(*layers)
+
+
+def _init(module: nn.Module, last_gain: float) -> None:
+    # Orthogonal init (as in most PPO/IMPALA references) and a small last layer, so the
+    # first policy is close to uniform.
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    for i, layer in enumerate(linears):
+        gain = last_gain if i == len(linears) - 1 else 2**0.5
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+
+
+class ActorCritic(nn.Module):
+    """Separate policy and value MLPs over a flat observation; discrete actions."""
+
+    def __init__(self, spec: EnvSpec, hidden: list[int]):
+        super().__init__()
+        if spec.num_actions is None:
+            raise ValueError("continuous actions are not supported by this model yet")
+        obs_dim = int(torch.tensor(spec.obs_shape).prod()) if spec.obs_shape else 1
+        self.policy = mlp([obs_dim, *hidden, spec.num_actions])
+        self.value = mlp([obs_dim, *hidden, 1])
+        _init(self.policy, 0.01)
+        _init(self.value, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [N, A] and values [N] for observations [N, ...]."""
+        flat = obs.reshape(obs.shape[0], -1)
+        return self.policy(flat), self.value(flat).squeeze(-1)
+
+    @torch.inference_mode()
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample actions and their log-probabilities (what a behaviour policy needs)."""
+        # Direct sampling: torch.distributions costs ~30 us of argument checks per call.
+        logp_all = torch.log_softmax(self.policy(obs.reshape(obs.shape[0], -1)), dim=-1)
+        action = torch.multinomial(logp_all.exp(), 1)
+        return action.squeeze(-1), logp_all.gather(-1, action).squeeze(-1)
+
+
+MODEL_KINDS = {"mlp": ActorCritic}
+
+
+def build_model(model_cfg: dict[str, Any], spec: EnvSpec, seed: int = 0) -> nn.Module:
+    kind = model_cfg.get("kind", "mlp")
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"model.kind: unknown model '{kind}' (known: {', '.join(MODEL_KINDS)})")
+    torch.manual_seed(seed)  # every process builds the same initial parameters
+    return MODEL_KINDS[kind](spec, list(model_cfg.get("hidden", [64, 64])))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def state_arrays(model: nn.Module) -> dict:
+    """Parameters as numpy arrays, ready to be message frames."""
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+def load_state_arrays(model: nn.Module, arrays: dict) -> None:
+    state = {k: torch.tensor(v) for k, v in arrays.items()}  # frames are read-only: copy
+    model.load_state_dict(state, strict=True)

@@ -1,0 +1,273 @@
+"""The node runtime: what every process in a topology is built on.
+
+A :class:`Node` subclass declares the ports it binds and the links it connects, a
+dataclass of ``Args``, and ``on_<port>`` handlers. The base class makes the sockets
+(through :mod:`zmqrl.sockets`), runs one poll loop, rejects bad messages with a logged
+error (and an ``error`` reply on ROUTER ports) while it keeps serving, answers ``ping``
+on every ROUTER port, reports hello/heartbeat/metrics to the supervisor when there is
+one, writes its metrics CSV into the run directory, and stops cleanly on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import zmq
+
+from zmqrl import sockets, wire
+from zmqrl.endpoints import Endpoints
+from zmqrl.metrics import CsvLog
+from zmqrl.topology import NodeSpec, Topology
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+# The loop wakes at least this often, so a stop signal is honoured within it.
+MAX_POLL_MS = 100
+
+
+@dataclass(frozen=True)
+class Link:
+    """A socket a node connects to another node's bound port."""
+
+    socket: str  # "dealer" | "sub" | "push"
+    required: bool = True
+
+
+@dataclass
+class NodeContext:
+    """Everything a node needs to know about where it runs."""
+
+    topo: Topology
+    spec: NodeSpec
+    replica: int
+    run_dir: Path
+    endpoints: Endpoints
+    supervisor: str | None = None  # address of the supervisor's ROUTER, if any
+
+    @property
+    def label(self) -> str:
+        return self.spec.name if self.spec.replicas == 1 else f"{self.spec.name}.{self.replica}"
+
+
+@dataclass
+class NoArgs:
+    pass
+
+
+class Node:
+    binds: ClassVar[dict[str, str]] = {}  # port -> "router" | "pub" | "pull"
+    links: ClassVar[dict[str, Link]] = {}
+    Args: ClassVar[type] = NoArgs
+    metrics_interval_s: ClassVar[float] = 2.0
+    socket_options: ClassVar[sockets.SocketOptions] = sockets.SocketOptions()
+
+    def __init__(self, ctx: NodeContext):
+        self.ctx = ctx
+        self.args = self.Args(**ctx.spec.args)
+        self.log = logging.getLogger(ctx.label)
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.stopping = False
+        self.started = time.monotonic()
+        self.bad_messages = 0
+        self.dropped = 0  # messages we chose not to deliver (full queues, gone peers)
+        # Returns of episodes finished since the last metrics report; the supervisor
+        # pools them from every node into the run's "mean of the last 100 episodes".
+        self.episode_log: list[float] = []
+        self._zctx = zmq.Context.instance()
+        self.sockets: dict[str, zmq.Socket] = {}
+        self._traffic: dict[str, list[int]] = {}  # name -> [msgs_in, bytes_in, msgs_out, bytes_out]
+        self._poller = zmq.Poller()
+        self._handlers: dict[zmq.Socket, tuple[str, Callable]] = {}
+        self._timers: list[list] = []  # [next_due, period, fn]
+        self._supervisor: zmq.Socket | None = None
+        self._metrics_log = CsvLog(ctx.run_dir / "metrics" / f"{ctx.label}.csv")
+        self._last_traffic: dict[str, list[int]] = {}
+        self._last_metrics_t = self.started
+
+    # ----- wiring -------------------------------------------------------------------
+    def _open_sockets(self) -> None:
+        opts = self.socket_options
+        for port, kind in self.binds.items():
+            address = self.ctx.endpoints.bind_address(self.ctx.spec.name, port, self.ctx.replica)
+            if address.startswith("ipc://"):
+                Path(address[6:]).unlink(missing_ok=True)  # a stale file from a dead process
+            self._add_socket(port, sockets.bind(self._zctx, kind, address, opts))
+        for name in self.links:
+            if name in self.ctx.spec.links:
+                self._add_socket(name, self._connect_link(name))
+        if self.ctx.supervisor:
+            sup_opts = dataclasses.replace(opts, hwm=100, linger_ms=200)
+            self._supervisor = sockets.connect(
+                self._zctx, "dealer", [self.ctx.supervisor], sup_opts
+            )
+
+    def _connect_link(self, name: str) -> zmq.Socket:
+        addresses = self.ctx.endpoints.link_addresses(self.ctx.spec.links[name])
+        return sockets.connect(self._zctx, self.links[name].socket, addresses, self.socket_options)
+
+    def reopen(self, name: str) -> None:
+        """Close a link socket and connect a fresh one (new identity, empty queues)."""
+        old = self.sockets[name]
+        if old in self._handlers:
+            del self._handlers[old]
+            self._poller.unregister(old)
+        old.close(linger=0)
+        self._add_socket(name, self._connect_link(name))
+
+    def _add_socket(self, name: str, sock: zmq.Socket) -> None:
+        self.sockets[name] = sock
+        self._traffic.setdefault(name, [0, 0, 0, 0])
+        handler = getattr(self, f"on_{name}", None)
+        if handler is not None or sock.socket_type == zmq.ROUTER:
+            self._handlers[sock] = (name, handler)
+            self._poller.register(sock, zmq.POLLIN)
+
+    def set_polling(self, name: str, enabled: bool) -> None:
+        """Stop or resume reading a socket (backpressure: let its queue fill up)."""
+        sock = self.sockets[name]
+        if enabled:
+            self._poller.register(sock, zmq.POLLIN)
+        else:
+            self._poller.unregister(sock)
+
+    def send(self, name: str, frames: list, envelope: list | None = None, flags: int = 0) -> bool:
+        """Send on a named socket. False if it would block (NOBLOCK and a full queue: the
+        caller decides) or the ROUTER peer is gone (counted in ``dropped``)."""
+        try:
+            sockets.send(self.sockets[name], frames, envelope, flags)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.dropped += 1
+            return False
+        stats = self._traffic[name]
+        stats[2] += 1
+        stats[3] += sum(memoryview(f).nbytes for f in frames)
+        return True
+
+    def every(self, seconds: float, fn: Callable[[], None]) -> None:
+        self._timers.append([time.monotonic() + seconds, seconds, fn])
+
+    # ----- hooks for subclasses -----------------------------------------------------
+    def setup(self) -> None:
+        """Build envs/models. Sockets exist already."""
+
+    def after_poll(self) -> None:
+        """Called once per loop turn after every ready socket was drained (batching)."""
+
+    def poll_timeout_ms(self) -> int:
+        return MAX_POLL_MS
+
+    def metrics(self) -> dict[str, Any]:
+        """This node's own metrics row (the base adds traffic and uptime)."""
+        return {}
+
+    def teardown(self) -> None:
+        """Flush what must be flushed; sockets are closed afterwards."""
+
+    # ----- the loop -----------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self._open_sockets()
+            self.setup()
+            self._report(wire.HELLO, kind=self.ctx.spec.kind or self.ctx.spec.impl,
+                         node=self.ctx.spec.name, replica=self.ctx.replica,
+                         incarnation=self.incarnation, pid=os.getpid())
+            self.every(HEARTBEAT_S, lambda: self._report(wire.HEARTBEAT))
+            self.every(self.metrics_interval_s, self._emit_metrics)
+            self.log.info("up (incarnation %s)", self.incarnation)
+            while not self.stopping:
+                ready = self._poller.poll(min(self.poll_timeout_ms(), MAX_POLL_MS))
+                for sock, _ in ready:
+                    self._drain(sock)
+                self.after_poll()
+                self._fire_timers()
+            self.teardown()
+            self._emit_metrics()
+        finally:
+            self._metrics_log.close()
+            for sock in list(self.sockets.values()) + [self._supervisor]:
+                if sock is not None:
+                    sock.close()  # LINGER bounds how long this may wait
+        self.log.info("stopped")
+        return 0
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.log.info("%s received, stopping", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _drain(self, sock: zmq.Socket, limit: int = 1000) -> None:
+        name, handler = self._handlers[sock]
+        stats = self._traffic[name]
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            envelope, body = sockets.split_envelope(sock, frames)
+            stats[0] += 1
+            stats[1] += sum(len(f) for f in body)
+            try:
+                msg = wire.decode(body)
+                if msg.type == wire.PING and envelope:
+                    self.send(name, wire.encode(wire.PONG, node=self.ctx.label), envelope)
+                elif handler is None:
+                    raise wire.ProtocolError(f"port '{name}' accepts only ping")
+                else:
+                    handler(envelope, msg)
+            except wire.ProtocolError as exc:
+                self.bad_messages += 1
+                self.log.error("rejected message on '%s': %s", name, exc)
+                if envelope:
+                    self.send(name, wire.error_reply(str(exc)), envelope)
+            if self.stopping:
+                return
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        for timer in self._timers:
+            if now >= timer[0]:
+                timer[0] = now + timer[1]
+                timer[2]()
+
+    # ----- reporting ----------------------------------------------------------------
+    def _report(self, msg_type: str, **fields: Any) -> None:
+        if self._supervisor is None:
+            return
+        try:
+            frames = wire.encode(msg_type, label=self.ctx.label, **fields)
+            sockets.send(self._supervisor, frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the supervisor is slow or gone; liveness is its problem, not ours
+
+    def _emit_metrics(self) -> None:
+        now = time.monotonic()
+        dt = max(now - self._last_metrics_t, 1e-9)
+        row: dict[str, Any] = {"time_s": round(now - self.started, 3)}
+        row.update(self.metrics())
+        for name, stats in self._traffic.items():
+            last = self._last_traffic.get(name, [0, 0, 0, 0])
+            if stats[0] or stats[2]:
+                row[f"{name}_msgs_per_s"] = round((stats[0] + stats[2] - last[0] - last[2]) / dt, 1)
+                row[f"{name}_bytes_per_s"] = round((stats[1] + stats[3] - last[1] - last[3]) / dt)
+            self._last_traffic[name] = list(stats)
+        row["bad_messages"] = self.bad_messages
+        row["dropped"] = self.dropped
+        self._last_metrics_t = now
+        self._metrics_log.write(row)
+        self._report(wire.METRICS, row=row, episodes=self.episode_log)
+        self.episode_log = []

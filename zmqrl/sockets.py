@@ -1,0 +1,89 @@
+"""The only place sockets are made and their options set.
+
+Nodes never call ``zmq.Context.socket`` or ``setsockopt`` themselves: every socket
+gets bounded queues (HWM), a per-frame size cap, a bounded linger and reconnect
+back-off from here, so that no socket in the system can grow without bound or hang
+shutdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import zmq
+
+from zmqrl import wire
+
+BIND_TYPES = {
+    "router": zmq.ROUTER,
+    "pub": zmq.PUB,
+    "pull": zmq.PULL,
+}
+CONNECT_TYPES = {
+    "dealer": zmq.DEALER,
+    "sub": zmq.SUB,
+    "push": zmq.PUSH,
+}
+
+
+# Frames at least this large are sent zero-copy (pyzmq's own default threshold).
+_ZERO_COPY_MIN_BYTES = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class SocketOptions:
+    hwm: int = 1000  # messages queued per peer before sends block/drop
+    linger_ms: int = 500  # how long close() may wait to flush
+    max_frame_bytes: int = wire.MAX_MESSAGE_BYTES
+    reconnect_ms: int = 100
+    reconnect_max_ms: int = 2000
+
+
+def _configure(sock: zmq.Socket, opts: SocketOptions) -> None:
+    sock.setsockopt(zmq.LINGER, opts.linger_ms)
+    sock.setsockopt(zmq.SNDHWM, opts.hwm)
+    sock.setsockopt(zmq.RCVHWM, opts.hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, opts.max_frame_bytes)
+    sock.setsockopt(zmq.RECONNECT_IVL, opts.reconnect_ms)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, opts.reconnect_max_ms)
+    if sock.socket_type == zmq.ROUTER:
+        # A reply to a peer that has gone raises EHOSTUNREACH instead of vanishing,
+        # so the node can count it.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if sock.socket_type == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+
+
+def bind(ctx: zmq.Context, kind: str, address: str, opts: SocketOptions) -> zmq.Socket:
+    sock = ctx.socket(BIND_TYPES[kind])
+    _configure(sock, opts)
+    sock.bind(address)
+    return sock
+
+
+def connect(
+    ctx: zmq.Context, kind: str, addresses: list[str], opts: SocketOptions
+) -> zmq.Socket:
+    sock = ctx.socket(CONNECT_TYPES[kind])
+    _configure(sock, opts)
+    for address in addresses:
+        sock.connect(address)
+    return sock
+
+
+def send(sock: zmq.Socket, frames: list, identity: list | None = None, flags: int = 0) -> None:
+    """Send one encoded message; ``identity`` is a ROUTER envelope to prepend."""
+    if identity:
+        frames = identity + frames
+    # Large buffers go zero-copy; pyzmq copies anything under its copy threshold anyway.
+    copy = all(memoryview(f).nbytes < _ZERO_COPY_MIN_BYTES for f in frames)
+    sock.send_multipart(frames, flags=flags, copy=copy)
+
+
+def split_envelope(sock: zmq.Socket, frames: list) -> tuple[list, list]:
+    """Split a ROUTER message into (envelope, body). REQ peers add an empty delimiter."""
+    if sock.socket_type != zmq.ROUTER:
+        return [], frames
+    if len(frames) >= 2 and len(frames[1]) == 0:
+        return frames[:2], frames[2:]
+    return frames[:1], frames[1:]

@@ -1,0 +1,316 @@
+"""Topology files: load YAML, check it thoroughly, and hand back plain dataclasses.
+
+A topology names the env, model and algorithm once, then its nodes: each has a ``kind``
+(a node in ``nodes/``), or ``impl: module:Class`` (any Node subclass), or ``command``
+(any program that speaks the wire protocol), plus ``replicas``, ``args`` and ``links``
+(``{link_name: "node.port"}``). Every problem is reported at once, each naming the
+file, the node and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+# kind -> "module:Class". A topology can also say impl: "pkg.mod:Class" for any other.
+NODE_KINDS = {
+    "actor": "nodes.actor:Actor",
+    "inference_broker": "nodes.inference_broker:InferenceBroker",
+    "learner": "nodes.learner:Learner",
+    "sink": "nodes.sink:Sink",
+}
+RESTART_POLICIES = ("always", "on-failure", "never")
+# Which socket a link's socket may connect to.
+_COMPATIBLE = {"dealer": "router", "sub": "pub", "push": "pull"}
+
+_NAME = r"^[A-Za-z][A-Za-z0-9_]*$"
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "env", "nodes"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]+$"},
+        "seed": {"type": "integer"},
+        "env": {
+            "type": "object",
+            "required": ["id"],
+            "additionalProperties": False,
+            "properties": {"id": {"type": "string"}, "kwargs": {"type": "object"}},
+        },
+        "model": {"type": "object", "properties": {"kind": {"type": "string"}}},
+        "algo": {"type": "object", "properties": {"kind": {"type": "string"}}},
+        "network": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"base_port": {"type": "integer", "minimum": 1024, "maximum": 65000}},
+        },
+        "nodes": {
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": {"pattern": _NAME},
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "kind": {"type": "string"},
+                    "impl": {"type": "string", "pattern": r"^[\w.]+:\w+$"},
+                    "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    "binds": {
+                        "type": "object",
+                        "additionalProperties": {"enum": ["router", "pub", "pull"]},
+                    },
+                    "replicas": {"type": "integer", "minimum": 1},
+                    "args": {"type": "object"},
+                    "links": {
+                        "type": "object",
+                        "additionalProperties": {"type": "string", "pattern": r"^\w+\.\w+$"},
+                    },
+                    "host": {"type": "string"},
+                    "restart": {"enum": list(RESTART_POLICIES)},
+                    "max_restarts": {"type": "integer", "minimum": 0},
+                },
+                "oneOf": [
+                    {"required": ["kind"]},
+                    {"required": ["impl"]},
+                    {"required": ["command"]},
+                ],
+            },
+        },
+    },
+}
+
+
+class TopologyError(ValueError):
+    """Raised with every problem found; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    kind: str | None = None
+    impl: str | None = None
+    command: list[str] | None = None
+    binds: dict[str, str] = field(default_factory=dict)  # only for command nodes
+    replicas: int = 1
+    args: dict[str, Any] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    host: str | None = None
+    restart: str = "on-failure"
+    max_restarts: int = 5
+
+    @property
+    def target(self) -> str | None:
+        """The "module:Class" that implements this node (None for a command)."""
+        return self.impl or (NODE_KINDS.get(self.kind) if self.kind else None)
+
+
+@dataclass
+class Topology:
+    name: str
+    env: dict[str, Any]
+    nodes: dict[str, NodeSpec]
+    model: dict[str, Any] = field(default_factory=dict)
+    algo: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    network: dict[str, Any] = field(default_factory=dict)
+    source: str = "<topology>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved topology, as written into a run directory."""
+        nodes = {}
+        for spec in self.nodes.values():
+            d = {k: v for k, v in dataclasses.asdict(spec).items() if v not in (None, {}, [])}
+            d.pop("name")
+            nodes[spec.name] = d
+        out = {"name": self.name, "seed": self.seed, "env": self.env, "model": self.model,
+               "algo": self.algo, "nodes": nodes}
+        if self.network:
+            out["network"] = self.network
+        return out
+
+
+def load_class(target: str) -> type:
+    module_name, _, class_name = target.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def ports_of(spec: NodeSpec) -> dict[str, str]:
+    """Bound ports of a node: port name -> socket kind."""
+    if spec.command is not None:
+        return dict(spec.binds)
+    return dict(load_class(spec.target).binds)
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Topology:
+    """Read, check and return a topology; raise :class:`TopologyError` listing every problem."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise TopologyError([f"{path}: no such file"]) from None
+    except yaml.YAMLError as exc:
+        raise TopologyError([f"{path}: not valid YAML: {exc}"]) from None
+    if overrides:
+        raw = merge(raw, overrides)
+    return from_dict(raw, str(path))
+
+
+def merge(base: Any, overrides: dict[str, Any]) -> Any:
+    """Deep-merge ``overrides`` into a copy of ``base`` (dicts merge, anything else replaces)."""
+    out = copy.deepcopy(base) if isinstance(base, dict) else {}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def from_dict(raw: Any, source: str = "<topology>") -> Topology:
+    errors = [f"{source}: {e}" for e in _schema_errors(raw)]
+    if errors:
+        raise TopologyError(errors)
+    nodes = {name: NodeSpec(name=name, **body) for name, body in raw["nodes"].items()}
+    topo = Topology(
+        name=raw["name"], env=raw["env"], nodes=nodes, model=raw.get("model", {}),
+        algo=raw.get("algo", {}), seed=raw.get("seed", 0), network=raw.get("network", {}),
+        source=source,
+    )
+    errors = [f"{source}: {e}" for e in _semantic_errors(topo)]
+    if errors:
+        raise TopologyError(errors)
+    return topo
+
+
+def _where(path: Any) -> str:
+    parts = [str(p) for p in path]
+    if len(parts) >= 2 and parts[0] == "nodes":
+        return f"node '{parts[1]}'" + (f", field '{'.'.join(parts[2:])}'" if parts[2:] else "")
+    return f"field '{'.'.join(parts)}'" if parts else "top level"
+
+
+def _schema_errors(raw: Any) -> list[str]:
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    out = []
+    for err in sorted(validator.iter_errors(raw), key=lambda e: list(map(str, e.absolute_path))):
+        if err.validator == "oneOf":
+            given = [k for k in ("kind", "impl", "command") if k in (err.instance or {})]
+            msg = ("needs exactly one of 'kind', 'impl' or 'command'"
+                   + (f" (has {', '.join(given)})" if given else ""))
+        elif err.validator == "additionalProperties" and not err.absolute_path:
+            msg = err.message.replace("Additional properties", "unknown top-level field(s)")
+        else:
+            msg = err.message
+        out.append(f"{_where(err.absolute_path)}: {msg}")
+    return out
+
+
+def _semantic_errors(topo: Topology) -> list[str]:
+    errors: list[str] = []
+    classes: dict[str, type] = {}
+    for spec in topo.nodes.values():
+        if spec.kind is not None and spec.kind not in NODE_KINDS:
+            errors.append(
+                f"node '{spec.name}', field 'kind': unknown kind '{spec.kind}' "
+                f"(known: {', '.join(sorted(NODE_KINDS))}; or use impl: module:Class)"
+            )
+            continue
+        if spec.target:
+            try:
+                classes[spec.name] = load_class(spec.target)
+            except (ImportError, AttributeError) as exc:
+                errors.append(f"node '{spec.name}', field 'impl': cannot load {spec.target}: {exc}")
+    for spec in topo.nodes.values():
+        cls = classes.get(spec.name)
+        if cls is not None:
+            errors += [f"node '{spec.name}', {e}" for e in _args_errors(cls, spec.args)]
+            for link in sorted(set(cls.links) - set(spec.links)):
+                if cls.links[link].required:
+                    errors.append(
+                        f"node '{spec.name}', field 'links': missing required link '{link}'"
+                    )
+        for link, target in spec.links.items():
+            if cls is not None and link not in cls.links:
+                errors.append(
+                    f"node '{spec.name}', field 'links.{link}': {cls.__name__} has no link "
+                    f"'{link}' (it has: {', '.join(cls.links) or 'none'})"
+                )
+                continue
+            node_name, _, port = target.partition(".")
+            where = f"node '{spec.name}', field 'links.{link}'"
+            if node_name not in topo.nodes:
+                errors.append(f"{where}: '{target}' names no node '{node_name}'")
+                continue
+            target_spec = topo.nodes[node_name]
+            if node_name in classes:
+                ports = dict(classes[node_name].binds)
+            elif target_spec.command is not None:
+                ports = dict(target_spec.binds)
+            else:
+                continue  # the target itself is broken; reported above
+            if port not in ports:
+                errors.append(
+                    f"{where}: node '{node_name}' binds no port '{port}' "
+                    f"(it binds: {', '.join(ports) or 'nothing'})"
+                )
+            elif cls is not None and _COMPATIBLE[cls.links[link].socket] != ports[port]:
+                errors.append(
+                    f"{where}: a {cls.links[link].socket} link cannot connect to "
+                    f"'{target}', a {ports[port]} port"
+                )
+    return errors
+
+
+def _args_errors(cls: type, args: dict[str, Any]) -> list[str]:
+    args_type = getattr(cls, "Args", None)
+    if args_type is None:
+        return []
+    hints = typing.get_type_hints(args_type)
+    fields = {f.name: f for f in dataclasses.fields(args_type)}
+    errors = []
+    for key, value in args.items():
+        if key not in fields:
+            errors.append(
+                f"field 'args.{key}': unknown argument for {cls.__name__} "
+                f"(known: {', '.join(fields) or 'none'})"
+            )
+        elif not _type_ok(value, hints[key]):
+            errors.append(
+                f"field 'args.{key}': {value!r} is not {_type_name(hints[key])}"
+            )
+    return errors
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple):
+        return isinstance(value, list)
+    if origin is dict:
+        return isinstance(value, dict)
+    if hint is Any:
+        return True
+    return isinstance(value, hint)
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
