@@ -69,7 +69,6 @@ class Node:
     links: ClassVar[dict[str, Link]] = {}
     Args: ClassVar[type] = NoArgs
     metrics_interval_s: ClassVar[float] = 2.0
-    socket_options: ClassVar[sockets.SocketOptions] = sockets.SocketOptions()
 
     def __init__(self, ctx: NodeContext):
         self.ctx = ctx
@@ -83,6 +82,12 @@ class Node:
         # Returns of episodes finished since the last metrics report; the supervisor
         # pools them from every node into the run's "mean of the last 100 episodes".
         self.episode_log: list[float] = []
+        # Messages over the limit get a logged error and an error reply. The socket's own
+        # cap sits above it: frames past that make ZeroMQ drop the connection outright,
+        # so a hostile peer cannot make us buffer an unbounded frame.
+        self.max_message_bytes = int(
+            ctx.topo.network.get("max_message_bytes", wire.MAX_MESSAGE_BYTES))
+        self.socket_options = sockets.SocketOptions(max_frame_bytes=2 * self.max_message_bytes)
         self._zctx = zmq.Context.instance()
         self.sockets: dict[str, zmq.Socket] = {}
         self._traffic: dict[str, list[int]] = {}  # name -> [msgs_in, bytes_in, msgs_out, bytes_out]
@@ -222,7 +227,7 @@ class Node:
             stats[0] += 1
             stats[1] += sum(len(f) for f in body)
             try:
-                msg = wire.decode(body)
+                msg = wire.decode(body, self.max_message_bytes)
                 if msg.type == wire.PING and envelope:
                     self.send(name, wire.encode(wire.PONG, node=self.ctx.label), envelope)
                 elif handler is None:

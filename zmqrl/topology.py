@@ -50,7 +50,10 @@ SCHEMA: dict[str, Any] = {
         "network": {
             "type": "object",
             "additionalProperties": False,
-            "properties": {"base_port": {"type": "integer", "minimum": 1024, "maximum": 65000}},
+            "properties": {
+                "base_port": {"type": "integer", "minimum": 1024, "maximum": 65000},
+                "max_message_bytes": {"type": "integer", "minimum": 1024},
+            },
         },
         "nodes": {
             "type": "object",
@@ -179,18 +182,31 @@ def merge(base: Any, overrides: dict[str, Any]) -> Any:
 
 
 def from_dict(raw: Any, source: str = "<topology>") -> Topology:
-    errors = [f"{source}: {e}" for e in _schema_errors(raw)]
-    if errors:
-        raise TopologyError(errors)
-    nodes = {name: NodeSpec(name=name, **body) for name, body in raw["nodes"].items()}
+    schema_errors = _schema_errors(raw)
+    # Semantic checks still run on every node the schema had nothing against, so one
+    # pass reports every problem.
+    broken = {str(path[1]) for path, _ in schema_errors if len(path) >= 2 and path[0] == "nodes"}
+    nodes_raw = raw.get("nodes") if isinstance(raw, dict) else None
+    nodes = {}
+    if isinstance(nodes_raw, dict):
+        nodes = {name: NodeSpec(name=name, **body) for name, body in nodes_raw.items()
+                 if name not in broken and isinstance(body, dict)}
+    if any(len(path) < 2 or path[0] != "nodes" for path, _ in schema_errors):
+        nodes = {}  # the file's overall shape is wrong; node checks would only add noise
     topo = Topology(
-        name=raw["name"], env=raw["env"], nodes=nodes, model=raw.get("model", {}),
-        algo=raw.get("algo", {}), seed=raw.get("seed", 0), network=raw.get("network", {}),
+        name=raw.get("name", "") if isinstance(raw, dict) else "",
+        env=raw.get("env", {}) if isinstance(raw, dict) else {},
+        nodes=nodes,
+        model=raw.get("model", {}) if isinstance(raw, dict) else {},
+        algo=raw.get("algo", {}) if isinstance(raw, dict) else {},
+        seed=raw.get("seed", 0) if isinstance(raw, dict) else 0,
+        network=raw.get("network", {}) if isinstance(raw, dict) else {},
         source=source,
     )
-    errors = [f"{source}: {e}" for e in _semantic_errors(topo)]
+    errors = [(path, msg) for path, msg in schema_errors]
+    errors += _semantic_errors(topo, broken)
     if errors:
-        raise TopologyError(errors)
+        raise TopologyError([f"{source}: {_where(path)}: {msg}" for path, msg in errors])
     return topo
 
 
@@ -201,7 +217,7 @@ def _where(path: Any) -> str:
     return f"field '{'.'.join(parts)}'" if parts else "top level"
 
 
-def _schema_errors(raw: Any) -> list[str]:
+def _schema_errors(raw: Any) -> list[tuple[tuple, str]]:
     validator = jsonschema.Draft202012Validator(SCHEMA)
     out = []
     for err in sorted(validator.iter_errors(raw), key=lambda e: list(map(str, e.absolute_path))):
@@ -213,83 +229,86 @@ def _schema_errors(raw: Any) -> list[str]:
             msg = err.message.replace("Additional properties", "unknown top-level field(s)")
         else:
             msg = err.message
-        out.append(f"{_where(err.absolute_path)}: {msg}")
+        out.append((tuple(err.absolute_path), msg))
     return out
 
 
-def _semantic_errors(topo: Topology) -> list[str]:
-    errors: list[str] = []
+def _semantic_errors(topo: Topology, broken: set[str]) -> list[tuple[tuple, str]]:
+    errors: list[tuple[tuple, str]] = []
     classes: dict[str, type] = {}
     for spec in topo.nodes.values():
         if spec.kind is not None and spec.kind not in NODE_KINDS:
-            errors.append(
-                f"node '{spec.name}', field 'kind': unknown kind '{spec.kind}' "
-                f"(known: {', '.join(sorted(NODE_KINDS))}; or use impl: module:Class)"
-            )
-            continue
-        if spec.target:
+            errors.append((("nodes", spec.name, "kind"),
+                           f"unknown kind '{spec.kind}' (known: {', '.join(sorted(NODE_KINDS))}; "
+                           "or use impl: module:Class)"))
+        elif spec.target:
             try:
                 classes[spec.name] = load_class(spec.target)
             except (ImportError, AttributeError) as exc:
-                errors.append(f"node '{spec.name}', field 'impl': cannot load {spec.target}: {exc}")
+                errors.append((("nodes", spec.name, "impl"),
+                               f"cannot load {spec.target}: {exc}"))
     for spec in topo.nodes.values():
         cls = classes.get(spec.name)
         if cls is not None:
-            errors += [f"node '{spec.name}', {e}" for e in _args_errors(cls, spec.args)]
+            errors += [(("nodes", spec.name, "args", key), msg)
+                       for key, msg in _fields_errors(getattr(cls, "Args", None), spec.args,
+                                                      cls.__name__)]
             for link in sorted(set(cls.links) - set(spec.links)):
                 if cls.links[link].required:
-                    errors.append(
-                        f"node '{spec.name}', field 'links': missing required link '{link}'"
-                    )
+                    errors.append((("nodes", spec.name, "links"),
+                                   f"missing required link '{link}'"))
         for link, target in spec.links.items():
+            where = ("nodes", spec.name, "links", link)
             if cls is not None and link not in cls.links:
-                errors.append(
-                    f"node '{spec.name}', field 'links.{link}': {cls.__name__} has no link "
-                    f"'{link}' (it has: {', '.join(cls.links) or 'none'})"
-                )
+                errors.append((where, f"{cls.__name__} has no link '{link}' "
+                                      f"(it has: {', '.join(cls.links) or 'none'})"))
                 continue
             node_name, _, port = target.partition(".")
-            where = f"node '{spec.name}', field 'links.{link}'"
+            if node_name in broken:
+                continue  # that node's own errors are already reported
             if node_name not in topo.nodes:
-                errors.append(f"{where}: '{target}' names no node '{node_name}'")
+                errors.append((where, f"'{target}' names no node '{node_name}' "
+                                      f"(nodes: {', '.join(sorted({*topo.nodes, *broken}))})"))
                 continue
-            target_spec = topo.nodes[node_name]
             if node_name in classes:
                 ports = dict(classes[node_name].binds)
-            elif target_spec.command is not None:
-                ports = dict(target_spec.binds)
+            elif topo.nodes[node_name].command is not None:
+                ports = dict(topo.nodes[node_name].binds)
             else:
-                continue  # the target itself is broken; reported above
+                continue  # the target's kind is unknown; reported above
             if port not in ports:
-                errors.append(
-                    f"{where}: node '{node_name}' binds no port '{port}' "
-                    f"(it binds: {', '.join(ports) or 'nothing'})"
-                )
+                errors.append((where, f"node '{node_name}' binds no port '{port}' "
+                                      f"(it binds: {', '.join(ports) or 'nothing'})"))
             elif cls is not None and _COMPATIBLE[cls.links[link].socket] != ports[port]:
-                errors.append(
-                    f"{where}: a {cls.links[link].socket} link cannot connect to "
-                    f"'{target}', a {ports[port]} port"
-                )
+                errors.append((where, f"a {cls.links[link].socket} link cannot connect to "
+                                      f"'{target}', a {ports[port]} port"))
+    errors += _algo_errors(topo.algo)
     return errors
 
 
-def _args_errors(cls: type, args: dict[str, Any]) -> list[str]:
-    args_type = getattr(cls, "Args", None)
-    if args_type is None:
+def _algo_errors(algo: dict[str, Any]) -> list[tuple[tuple, str]]:
+    from zmqrl.algos import ALGOS  # torch comes with it; only needed here
+
+    kind = algo.get("kind", "vtrace")
+    if kind not in ALGOS:
+        return [(("algo", "kind"), f"unknown algorithm '{kind}' (known: {', '.join(ALGOS)})")]
+    config_type = ALGOS[kind][0]
+    return [(("algo", key), msg) for key, msg in _fields_errors(config_type, algo, kind)]
+
+
+def _fields_errors(dataclass_type: type | None, values: dict[str, Any],
+                   owner: str) -> list[tuple[str, str]]:
+    """Unknown keys and mistyped values of ``values`` against a dataclass's fields."""
+    if dataclass_type is None:
         return []
-    hints = typing.get_type_hints(args_type)
-    fields = {f.name: f for f in dataclasses.fields(args_type)}
+    hints = typing.get_type_hints(dataclass_type)
+    names = [f.name for f in dataclasses.fields(dataclass_type)]
     errors = []
-    for key, value in args.items():
-        if key not in fields:
-            errors.append(
-                f"field 'args.{key}': unknown argument for {cls.__name__} "
-                f"(known: {', '.join(fields) or 'none'})"
-            )
+    for key, value in values.items():
+        if key not in hints:
+            errors.append((key, f"unknown for {owner} (known: {', '.join(names) or 'none'})"))
         elif not _type_ok(value, hints[key]):
-            errors.append(
-                f"field 'args.{key}': {value!r} is not {_type_name(hints[key])}"
-            )
+            errors.append((key, f"{value!r} is not {_type_name(hints[key])}"))
     return errors
 
 

@@ -1,0 +1,136 @@
+"""Shared fixtures: real node processes and supervisors, always stopped afterwards.
+
+Every process a test starts runs in its own session (process group); teardown sends
+SIGTERM, waits, then SIGKILLs the group, so nothing outlives the test. Sockets are ipc
+files under the test's tmp_path, so parallel runs cannot collide.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+import zmq
+
+from zmqrl import sockets, wire
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+             interval: float = 0.05) -> object:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+class Processes:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], cwd: Path = REPO, log: Path | None = None,
+              env: dict[str, str] | None = None) -> subprocess.Popen:
+        out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+        proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.procs.append(proc)
+        return proc
+
+    def zmqrl(self, *args: str, log: Path | None = None) -> subprocess.Popen:
+        return self.start([sys.executable, "-m", "zmqrl.cli", *args], log=log)
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    procs = Processes()
+    yield procs
+    for proc in procs.procs:
+        stop_process(proc)
+
+
+def write_topology(tmp_path: Path, base: str = "seed.yaml", **overrides) -> Path:
+    """A copy of a repository topology with ``overrides`` deep-merged in."""
+    from zmqrl.topology import merge
+
+    raw = yaml.safe_load((REPO / "topologies" / base).read_text())
+    path = tmp_path / f"topology-{len(list(tmp_path.glob('topology-*')))}.yaml"
+    path.write_text(yaml.safe_dump(merge(raw, overrides)))
+    return path
+
+
+class Client:
+    """A DEALER speaking the wire protocol to one bound port, for tests."""
+
+    def __init__(self, address: str):
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+
+    def send_raw(self, frames: list) -> None:
+        self.sock.send_multipart(frames)
+
+    def send(self, frames: list) -> None:
+        sockets.send(self.sock, frames)
+
+    def recv(self, timeout: float = 10.0) -> wire.Message:
+        if not self.sock.poll(int(timeout * 1000)):
+            raise AssertionError(f"no reply within {timeout}s")
+        return wire.decode(self.sock.recv_multipart())
+
+    def request(self, frames: list, timeout: float = 10.0) -> wire.Message:
+        self.send(frames)
+        return self.recv(timeout)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def client_factory() -> Iterator[Callable[[str], Client]]:
+    clients: list[Client] = []
+
+    def make(address: str) -> Client:
+        clients.append(Client(address))
+        return clients[-1]
+
+    yield make
+    for c in clients:
+        c.close()
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,143 @@
+"""Topology loading and validation: every error names the file, the node and the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from zmqrl.cli import main
+from zmqrl.endpoints import Endpoints
+from zmqrl.topology import TopologyError, from_dict, load
+
+REPO = Path(__file__).resolve().parents[1]
+GOOD = yaml.safe_load((REPO / "topologies" / "seed.yaml").read_text())
+
+
+def errors_of(mutate) -> list[str]:
+    raw = copy.deepcopy(GOOD)
+    mutate(raw)
+    with pytest.raises(TopologyError) as info:
+        from_dict(raw, "t.yaml")
+    return info.value.errors
+
+
+def test_seed_topology_is_valid():
+    topo = load(REPO / "topologies" / "seed.yaml")
+    assert {"learner", "broker", "actor"} <= set(topo.nodes)
+    assert topo.nodes["broker"].links["experience"] == "learner.experience"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda t: t["nodes"]["learner"].update(kind="lerner"),
+         "t.yaml: node 'learner', field 'kind': unknown kind 'lerner'"),
+        (lambda t: t["nodes"]["actor"]["links"].update(policy="broker.polcy"),
+         "t.yaml: node 'actor', field 'links.policy': node 'broker' binds no port 'polcy'"),
+        (lambda t: t["nodes"]["actor"]["links"].update(policy="brokr.policy"),
+         "t.yaml: node 'actor', field 'links.policy': 'brokr.policy' names no node 'brokr'"),
+        (lambda t: t["nodes"]["actor"]["links"].pop("policy"),
+         "t.yaml: node 'actor', field 'links': missing required link 'policy'"),
+        (lambda t: t["nodes"]["actor"]["links"].update(policy="learner.params"),
+         "t.yaml: node 'actor', field 'links.policy': a dealer link cannot connect to "
+         "'learner.params', a pub port"),
+        (lambda t: t["nodes"]["actor"].update(replicas=0),
+         "t.yaml: node 'actor', field 'replicas': 0 is less than the minimum of 1"),
+        (lambda t: t["nodes"]["actor"].update(replicas="two"),
+         "t.yaml: node 'actor', field 'replicas': 'two' is not of type 'integer'"),
+        (lambda t: t["nodes"]["actor"]["args"].update(envs="many"),
+         "t.yaml: node 'actor', field 'args.envs': 'many' is not int"),
+        (lambda t: t["nodes"]["actor"]["args"].update(envz=3),
+         "t.yaml: node 'actor', field 'args.envz': unknown for Actor"),
+        (lambda t: t["nodes"]["actor"].pop("kind"),
+         "t.yaml: node 'actor': needs exactly one of 'kind', 'impl' or 'command'"),
+        (lambda t: t["nodes"]["actor"].update(impl="no.such.module:Actor"),
+         "t.yaml: node 'actor': needs exactly one of 'kind', 'impl' or 'command' (has kind, impl)"),
+        (lambda t: t["nodes"]["learner"].update(colour="red"),
+         "t.yaml: node 'learner': Additional properties are not allowed ('colour' was unexpected)"),
+        (lambda t: t.pop("env"), "t.yaml: top level: 'env' is a required property"),
+        (lambda t: t["algo"].update(lr="fast"), "t.yaml: field 'algo.lr': 'fast' is not float"),
+        (lambda t: t["algo"].update(kind="sarsa"),
+         "t.yaml: field 'algo.kind': unknown algorithm 'sarsa'"),
+    ],
+)
+def test_each_error_names_file_node_and_field(mutate, expected):
+    errors = errors_of(mutate)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_all_errors_reported_in_one_pass():
+    def many(t):
+        t["nodes"]["learner"]["kind"] = "lerner"
+        t["nodes"]["actor"]["replicas"] = 0
+        t["nodes"]["broker"]["args"] = {"max_batch": "big"}
+        t["algo"]["lr"] = "fast"
+
+    errors = errors_of(many)
+    assert len(errors) == 4, errors
+
+
+def test_impl_must_be_loadable():
+    def bad_impl(t):
+        t["nodes"]["actor"].pop("kind")
+        t["nodes"]["actor"]["impl"] = "no_such_module:Actor"
+
+    errors = errors_of(bad_impl)
+    assert any("node 'actor', field 'impl': cannot load no_such_module:Actor" in e for e in errors)
+
+
+def test_impl_swaps_in_a_class():
+    raw = copy.deepcopy(GOOD)
+    raw["nodes"]["learner"] = {"impl": "nodes.sink:Sink"}
+    topo = from_dict(raw)
+    assert topo.nodes["learner"].target == "nodes.sink:Sink"
+
+
+def test_command_nodes_declare_their_ports():
+    raw = copy.deepcopy(GOOD)
+    raw["nodes"]["broker"] = {"command": ["./my_broker"], "binds": {"policy": "router"}}
+    from_dict(raw)  # the actor's link to broker.policy resolves against the declared port
+    raw["nodes"]["broker"]["binds"] = {}
+    with pytest.raises(TopologyError, match="binds no port 'policy'"):
+        from_dict(raw)
+
+
+def test_addresses_are_derived(tmp_path):
+    raw = copy.deepcopy(GOOD)
+    topo = from_dict(raw)
+    ends = Endpoints(topo, tmp_path)
+    assert ends.bind_address("broker", "policy", 0).startswith("ipc://")
+    raw["network"] = {"base_port": 41000}
+    raw["nodes"]["learner"]["host"] = "127.0.0.1"
+    ends = Endpoints(from_dict(raw), tmp_path)
+    tcp = {ends.bind_address("learner", p, 0) for p in ("experience", "params")}
+    assert tcp == {"tcp://127.0.0.1:41000", "tcp://127.0.0.1:41001"}
+    assert ends.link_addresses("learner.params") == [ends.bind_address("learner", "params", 0)]
+
+
+def test_ipc_dir_stays_short_for_deep_run_dirs(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    address = Endpoints(from_dict(copy.deepcopy(GOOD)), deep).bind_address("broker", "policy", 0)
+    assert len(address) - len("ipc://") < 108
+
+
+def test_validate_cli_exit_codes(tmp_path):
+    bad = copy.deepcopy(GOOD)
+    bad["nodes"]["learner"]["kind"] = "lerner"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    runner = CliRunner()
+    result = runner.invoke(main, ["validate", str(path)])
+    assert result.exit_code == 1
+    assert f"error: {path}: node 'learner', field 'kind': unknown kind 'lerner'" in result.output
+    ok = runner.invoke(main, ["validate", str(REPO / "topologies" / "seed.yaml")])
+    assert ok.exit_code == 0, ok.output
+    missing = runner.invoke(main, ["validate", str(tmp_path / "nope.yaml")])
+    assert missing.exit_code == 1 and "no such file" in missing.output
+    garbage = tmp_path / "garbage.yaml"
+    garbage.write_text("name: [unclosed")
+    assert "not valid YAML" in runner.invoke(main, ["validate", str(garbage)]).output
