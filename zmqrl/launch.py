@@ -176,7 +176,7 @@ class Supervisor:
             if live:
                 live.stop()
             self._shutdown()
-        self.console.print(self._progress(), markup=False)
+        self.console.print(self._progress(final=True), markup=False)
         self.console.print(f"zmqrl up: stopped ({self.reason}); run directory {self.run_dir}",
                            markup=False)
         return self.exit_code
@@ -325,10 +325,13 @@ class Supervisor:
             self._finish(f"target return {s.target_return:g} reached: mean of the last "
                          f"{s.window} episodes {self.mean_return():.1f}", 0)
 
-    def _progress(self) -> Text:
+    def _progress(self, final: bool = False) -> Text:
+        """The one-line summary; ``final`` shows the whole run's average rate."""
         now = time.monotonic()
         t0, steps0 = self._rate
-        if now - t0 >= 1.0:
+        if final:
+            self.steps_per_s = self.total_env_steps / max(now - self.started, 1e-9)
+        elif now - t0 >= 1.0:
             self.steps_per_s = (self.total_env_steps - steps0) / (now - t0)
             self._rate = (now, self.total_env_steps)
         row = self.learner_row
