@@ -96,6 +96,8 @@ class InferenceBroker(Node):
                 f"step needs 'obs' of shape [n, {', '.join(map(str, self.spec.obs_shape))}], "
                 f"got {shape}"
             )
+        if obs.dtype != self.spec.obs_dtype:
+            raise wire.ProtocolError(f"step 'obs' must be {self.spec.obs_dtype}, got {obs.dtype}")
         n = obs.shape[0]
         for key in ("reward", "done"):
             if key not in msg.arrays or msg.arrays[key].shape != (n,):
@@ -218,7 +220,11 @@ class InferenceBroker(Node):
         msg, self._latest_params = self._latest_params, None
         if msg is None:
             return
-        version = int(msg.fields.get("version", 0))
+        version = msg.fields.get("version")
+        if type(version) is not int:
+            self.bad_messages += 1
+            self.log.error("rejected params: version %r is not an integer", version)
+            return
         if version <= self.version:
             return
         try:

@@ -55,6 +55,10 @@ BAD_INPUTS = {
                                    "policy port takes 'step', not 'unroll'"),
     "wrong observation shape": (wire.encode(wire.STEP, {"obs": np.zeros((2, 7), np.float32)}),
                                 "step needs 'obs' of shape [n, 4], got (2, 7)"),
+    "wrong observation dtype": (wire.encode(wire.STEP, {"obs": np.zeros((2, 4), np.float64)}),
+                                "step 'obs' must be float32, got float64"),
+    "unhashable type field": ([msgpack.packb({"v": 1, "t": [], "arrays": []})],
+                              "unknown message type []"),
     "missing rewards": (wire.encode(wire.STEP, {"obs": np.zeros((2, 4), np.float32)}),
                         "step needs 'reward' of shape [2]"),
 }

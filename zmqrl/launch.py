@@ -234,7 +234,7 @@ class Supervisor:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            _, body = sockets.split_envelope(self.sock, frames)
+            _, body = sockets.split_envelope(frames)
             try:
                 msg = wire.decode(body)
             except wire.ProtocolError as exc:

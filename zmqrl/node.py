@@ -92,7 +92,7 @@ class Node:
         self.sockets: dict[str, zmq.Socket] = {}
         self._traffic: dict[str, list[int]] = {}  # name -> [msgs_in, bytes_in, msgs_out, bytes_out]
         self._poller = zmq.Poller()
-        self._handlers: dict[zmq.Socket, tuple[str, Callable]] = {}
+        self._handlers: dict[zmq.Socket, tuple[str, Callable | None, bool]] = {}
         self._timers: list[list] = []  # [next_due, period, fn]
         self._supervisor: zmq.Socket | None = None
         self._metrics_log = CsvLog(ctx.run_dir / "metrics" / f"{ctx.label}.csv")
@@ -133,8 +133,8 @@ class Node:
         self.sockets[name] = sock
         self._traffic.setdefault(name, [0, 0, 0, 0])
         handler = getattr(self, f"on_{name}", None)
-        if handler is not None or sock.socket_type == zmq.ROUTER:
-            self._handlers[sock] = (name, handler)
+        if handler is not None or sock.type == zmq.ROUTER:
+            self._handlers[sock] = (name, handler, sock.type == zmq.ROUTER)
             self._poller.register(sock, zmq.POLLIN)
 
     def set_polling(self, name: str, enabled: bool) -> None:
@@ -216,14 +216,14 @@ class Node:
         self.stopping = True
 
     def _drain(self, sock: zmq.Socket, limit: int = 1000) -> None:
-        name, handler = self._handlers[sock]
+        name, handler, is_router = self._handlers[sock]
         stats = self._traffic[name]
         for _ in range(limit):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            envelope, body = sockets.split_envelope(sock, frames)
+            envelope, body = sockets.split_envelope(frames) if is_router else ([], frames)
             stats[0] += 1
             stats[1] += sum(len(f) for f in body)
             try:

@@ -46,11 +46,11 @@ def _configure(sock: zmq.Socket, opts: SocketOptions) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, opts.max_frame_bytes)
     sock.setsockopt(zmq.RECONNECT_IVL, opts.reconnect_ms)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, opts.reconnect_max_ms)
-    if sock.socket_type == zmq.ROUTER:
+    if sock.type == zmq.ROUTER:
         # A reply to a peer that has gone raises EHOSTUNREACH instead of vanishing,
         # so the node can count it.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    if sock.socket_type == zmq.SUB:
+    if sock.type == zmq.SUB:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
 
 
@@ -80,10 +80,12 @@ def send(sock: zmq.Socket, frames: list, identity: list | None = None, flags: in
     sock.send_multipart(frames, flags=flags, copy=copy)
 
 
-def split_envelope(sock: zmq.Socket, frames: list) -> tuple[list, list]:
-    """Split a ROUTER message into (envelope, body). REQ peers add an empty delimiter."""
-    if sock.socket_type != zmq.ROUTER:
-        return [], frames
+def split_envelope(frames: list) -> tuple[list, list]:
+    """Split a message received on a ROUTER into (envelope, body).
+
+    A DEALER peer's message is ``[identity, body...]``; a REQ peer adds an empty
+    delimiter, ``[identity, b"", body...]``, which must come back with the reply.
+    """
     if len(frames) >= 2 and len(frames[1]) == 0:
         return frames[:2], frames[2:]
     return frames[:1], frames[1:]

@@ -80,10 +80,17 @@ _packer = msgpack.Packer(default=_msgpack_default, use_bin_type=True)
 
 def encode(msg_type: str, arrays: dict[str, np.ndarray] | None = None, **fields: Any) -> list:
     """Build the frames of one message. Returned buffers may alias ``arrays``."""
+    reserved = _RESERVED.intersection(fields)
+    if reserved:
+        raise ValueError(f"header fields {sorted(reserved)} are reserved by the protocol")
     specs: list[list] = []
     frames: list = [b""]
     for name, arr in (arrays or {}).items():
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)
+        if arr.dtype.byteorder == ">":  # the wire is little-endian
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # (this would turn a 0-d array into 1-d)
         dtype = arr.dtype.name
         if dtype not in _ALLOWED_DTYPES:
             raise ProtocolError(f"array {name!r}: dtype {dtype} cannot be sent")
@@ -91,15 +98,18 @@ def encode(msg_type: str, arrays: dict[str, np.ndarray] | None = None, **fields:
             specs.append([name, dtype, list(arr.shape), arr.tobytes()])
         else:
             specs.append([name, dtype, list(arr.shape)])
-            frames.append(arr.data)
+            frames.append(arr.data.cast("B"))  # zero-copy view of the array
     header = {"v": PROTOCOL_VERSION, "t": msg_type, **fields, "arrays": specs}
     frames[0] = _packer.pack(header)
     return frames
 
 
 def _buffer(frame: Any) -> memoryview | bytes:
-    # Frames arrive as bytes (copy=True) or zmq.Frame (copy=False); both expose a buffer.
-    return frame.buffer if hasattr(frame, "buffer") else frame
+    # Frames arrive as bytes (copy=True) or zmq.Frame (copy=False), or straight from
+    # encode() as memoryviews; as a byte view, len() is the size in bytes for all three.
+    if isinstance(frame, bytes):
+        return frame
+    return memoryview(frame.buffer if hasattr(frame, "buffer") else frame).cast("B")
 
 
 def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
@@ -117,12 +127,12 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a msgpack {type(header).__name__}, not a map")
     version = header.get("v")
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise ProtocolError(
             f"protocol version {version!r} not supported (expected {PROTOCOL_VERSION})"
         )
     msg_type = header.get("t")
-    if msg_type not in MESSAGE_TYPES:
+    if not isinstance(msg_type, str) or msg_type not in MESSAGE_TYPES:
         raise ProtocolError(f"unknown message type {msg_type!r}")
     specs = header.get("arrays", [])
     if not isinstance(specs, list):
@@ -144,6 +154,8 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
             raise ProtocolError(
                 f"array {name!r}: {len(data)} bytes but {dtype}{tuple(shape)} needs {expected}"
             )
+        if name in arrays:
+            raise ProtocolError(f"array {name!r} appears twice")
         arrays[name] = np.frombuffer(data, dtype=dtype).reshape(shape)
     fields = {k: v for k, v in header.items() if k not in _RESERVED}
     return Message(msg_type, fields, arrays)
@@ -156,9 +168,9 @@ def _check_spec(spec: Any) -> tuple[str, str, list[int], bytes | None]:
     data = spec[3] if len(spec) == 4 else None
     if not isinstance(name, str):
         raise ProtocolError(f"array name {name!r:.40} is not a string")
-    if dtype not in _ALLOWED_DTYPES:
+    if not isinstance(dtype, str) or dtype not in _ALLOWED_DTYPES:
         raise ProtocolError(f"array {name!r}: dtype {dtype!r:.40} not allowed")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise ProtocolError(f"array {name!r}: shape {shape!r:.80} is not a list of sizes")
     if data is not None and not isinstance(data, bytes):
         raise ProtocolError(f"array {name!r}: inline data is not msgpack bin")
