@@ -16,39 +16,25 @@ block instead of memory growing.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zmq
 
 from zmqrl import wire
-from zmqrl.envs import EnvSpec, env_spec
+from zmqrl.envs import env_spec
 from zmqrl.metrics import LatencyReservoir
 from zmqrl.models import build_model, load_state_arrays, pick_device
-from zmqrl.node import Link, Node
-
-
-class _Trajectory:
-    """One actor connection's envs over the current unroll, time-major."""
-
-    def __init__(self, spec: EnvSpec, unroll: int, n: int):
-        self.obs = np.zeros((unroll + 1, n, *spec.obs_shape), spec.obs_dtype)
-        self.action = np.zeros((unroll, n, *spec.action_shape), spec.action_dtype)
-        self.logp = np.zeros((unroll, n), np.float32)
-        self.reward = np.zeros((unroll, n), np.float32)
-        self.done = np.zeros((unroll, n), np.bool_)
-        self.t = 0  # completed transitions in this unroll
-        self.pending = False  # an action was sent and its outcome not yet reported
-        self.version = 0  # oldest parameter version that acted in this unroll
-        self.n = n
-        self.last_seen = time.monotonic()
+from zmqrl.node import Link, Node, Outbox
+from zmqrl.unroll import UnrollBuilder
 
 
 class InferenceBroker(Node):
     binds = {"policy": "router"}
-    links = {"params": Link("sub", required=False), "experience": Link("dealer", required=False)}
+    # Unrolls wait in our outbox, not in ZeroMQ queues: a small HWM and IMMEDIATE make
+    # a slow or absent learner push back on the actors within a few unrolls.
+    links = {"params": Link("sub", required=False),
+             "experience": Link("dealer", required=False, hwm=4, immediate=True)}
     metrics_interval_s = 1.0
 
     @dataclass
@@ -72,8 +58,9 @@ class InferenceBroker(Node):
         self.pending: list[tuple[list, wire.Message]] = []
         self.pending_envs = 0
         self.first_pending_at = 0.0
-        self.trajectories: dict[bytes, _Trajectory] = {}
-        self.outbox: deque[list] = deque()
+        self.unrolls: dict[bytes, UnrollBuilder] = {}  # per actor connection
+        self.last_seen: dict[bytes, float] = {}
+        self.outbox = Outbox(self, "experience", self.args.max_outbox)
         self._blocked = False
         self.episodes_returns: list[np.ndarray] = []
         self.episodes_lengths: list[np.ndarray] = []
@@ -124,7 +111,8 @@ class InferenceBroker(Node):
 
     def after_poll(self) -> None:
         self._load_params()
-        self._flush_outbox()
+        self.outbox.flush()
+        self._update_backpressure()
         if not self.pending:
             return
         waited_ms = (time.perf_counter() - self.first_pending_at) * 1e3
@@ -168,49 +156,31 @@ class InferenceBroker(Node):
                 logp: np.ndarray) -> None:
         key = b"".join(bytes(f) for f in envelope)
         n = msg["obs"].shape[0]
-        traj = self.trajectories.get(key)
-        if traj is None or traj.n != n:
-            traj = self.trajectories[key] = _Trajectory(self.spec, self.unroll, n)
-            traj.version = self.version
-        traj.last_seen = time.monotonic()
-        if traj.pending:
-            traj.reward[traj.t] = msg["reward"]
-            traj.done[traj.t] = msg["done"]
-            traj.t += 1
+        builder = self.unrolls.get(key)
+        if builder is None or builder.n != n:
+            builder = self.unrolls[key] = UnrollBuilder(self.spec, self.unroll, n, self.version)
+        self.last_seen[key] = time.monotonic()
+        builder.outcome(msg["reward"], msg["done"])
         returns = msg.arrays.get("ep_return")
         if returns is not None and returns.size:
             self.episodes_returns.append(returns.astype(np.float32))
             self.episodes_lengths.append(msg["ep_length"].astype(np.int32))
-        traj.obs[traj.t] = msg["obs"]
-        if traj.t == self.unroll:
-            self._ship(traj)
-            traj.obs[0] = msg["obs"]
-            traj.t = 0
-            traj.version = self.version
-        traj.action[traj.t] = action
-        traj.logp[traj.t] = logp
-        traj.pending = True
+        started_with = builder.version
+        unroll = builder.observe(msg["obs"], self.version)
+        if unroll is not None:
+            self._ship(unroll, started_with)
+        builder.act(action, logp)
 
-    def _ship(self, traj: _Trajectory) -> None:
-        arrays = {"obs": traj.obs, "action": traj.action, "logp": traj.logp,
-                  "reward": traj.reward, "done": traj.done}
+    def _ship(self, unroll: dict[str, np.ndarray], version: int) -> None:
         if self.episodes_returns:
-            arrays["ep_return"] = np.concatenate(self.episodes_returns)
-            arrays["ep_length"] = np.concatenate(self.episodes_lengths)
+            unroll["ep_return"] = np.concatenate(self.episodes_returns)
+            unroll["ep_length"] = np.concatenate(self.episodes_lengths)
             self.episodes_returns, self.episodes_lengths = [], []
-        # encode() copies small arrays into the header; large ones must not alias the
-        # buffers we keep writing into, so copy those before queueing.
-        frames = wire.encode(wire.UNROLL, {k: v.copy() for k, v in arrays.items()},
-                             version=traj.version)
-        self.outbox.append(frames)
-        self._flush_outbox()
+        self.outbox.push(wire.encode(wire.UNROLL, unroll, version=version))
+        self._update_backpressure()
 
-    def _flush_outbox(self) -> None:
-        while self.outbox:
-            if not self.send("experience", self.outbox[0], flags=zmq.NOBLOCK):
-                break  # the learner's queue is full: the unroll waits here
-            self.outbox.popleft()
-        blocked = len(self.outbox) >= self.args.max_outbox
+    def _update_backpressure(self) -> None:
+        blocked = self.outbox.full
         if blocked != self._blocked:
             self._blocked = blocked
             self.set_polling("policy", not blocked)
@@ -237,8 +207,8 @@ class InferenceBroker(Node):
 
     def _forget_silent_actors(self) -> None:
         cutoff = time.monotonic() - self.args.client_timeout_s
-        for key in [k for k, t in self.trajectories.items() if t.last_seen < cutoff]:
-            del self.trajectories[key]
+        for key in [k for k, seen in self.last_seen.items() if seen < cutoff]:
+            del self.unrolls[key], self.last_seen[key]
 
     def metrics(self) -> dict:
         p50, p99 = self.latency.percentiles_ms()
@@ -250,7 +220,7 @@ class InferenceBroker(Node):
             "latency_p50_ms": p50,
             "latency_p99_ms": p99,
             "outbox": len(self.outbox),
-            "actors": len(self.trajectories),
+            "actors": len(self.unrolls),
         }
         self.batch_envs = self.batches = 0
         return row

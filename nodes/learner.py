@@ -1,10 +1,14 @@
 """Learner: takes unrolls from its ``experience`` port, trains, publishes parameters.
 
 The algorithm is chosen by the topology's ``algo.kind`` (see ``zmqrl.algos.ALGOS``); this
-node only moves data: it queues incoming unrolls (at most ``max_queue``; beyond that it
-stops reading so the producers feel backpressure), stacks ``batch_size`` env columns
-into a batch, runs the algorithm's update, publishes parameters on its ``params`` port,
-logs metrics and writes checkpoints atomically.
+node only moves data: it stacks ``batch_size`` env columns of incoming unrolls into a
+batch, runs the algorithm's update, publishes parameters on its ``params`` port, logs
+metrics and writes checkpoints atomically.
+
+Backpressure: every loop turn trains until fewer than ``batch_size`` columns are left,
+so at most one batch waits here; while we train, unrolls wait in the experience port's
+small ZeroMQ queue (``port_hwm``) and then in the producers' outboxes, which stop their
+actors. Nothing is dropped and nothing grows.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ _UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
 
 class Learner(Node):
     binds = {"experience": "router", "params": "pub"}
+    port_hwm = {"experience": 8, "params": 4}
     metrics_interval_s = 1.0
 
     @dataclass
@@ -35,7 +40,6 @@ class Learner(Node):
         device: str = "auto"
         publish_every: int = 1  # updates between parameter broadcasts
         checkpoint_every: int = 200  # updates between checkpoints (0: only at exit)
-        max_queue: int = 64  # unroll messages held before we stop reading
 
     def setup(self) -> None:
         torch.set_num_threads(1)
@@ -46,7 +50,6 @@ class Learner(Node):
         self.cfg = self.algo.cfg
         self.queue: list[wire.Message] = []
         self.queued_columns = 0
-        self.reading = True
         self.updates = 0
         self.env_steps = 0
         self.episodes = EpisodeStats(window=100)
@@ -68,9 +71,6 @@ class Learner(Node):
             self.episodes.add(msg["ep_return"], msg["ep_length"])
         self.queue.append(msg)
         self.queued_columns += n
-        if len(self.queue) >= self.args.max_queue and self.reading:
-            self.reading = False
-            self.set_polling("experience", False)
 
     def _check_unroll(self, msg: wire.Message) -> None:
         missing = [k for k in _UNROLL_KEYS if k not in msg.arrays]
@@ -99,9 +99,6 @@ class Learner(Node):
                 columns += taken[-1]["action"].shape[1]
             self.queued_columns -= columns
             self._train(taken)
-        if not self.reading and len(self.queue) < self.args.max_queue // 2:
-            self.reading = True
-            self.set_polling("experience", True)
 
     def _train(self, msgs: list[wire.Message]) -> None:
         batch = {k: torch.from_numpy(np.concatenate([m[k] for m in msgs], axis=1)).to(self.device)

@@ -81,3 +81,44 @@ def state_arrays(model: nn.Module) -> dict:
 def load_state_arrays(model: nn.Module, arrays: dict) -> None:
     state = {k: torch.tensor(v) for k, v in arrays.items()}  # frames are read-only: copy
     model.load_state_dict(state, strict=True)
+
+
+class DuelingQNetwork(nn.Module):
+    """Dueling Q-network (Wang et al. 2016) over a flat observation; discrete actions.
+
+    A shared ReLU MLP torso feeds a value stream V(s) [N] and an advantage stream
+    A(s, a) [N, A]; Q(s, a) = V(s) + A(s, a) - mean_a A(s, a).
+    """
+
+    def __init__(self, spec: EnvSpec, hidden: list[int]):
+        super().__init__()
+        if spec.num_actions is None:
+            raise ValueError("continuous actions are not supported by this model")
+        obs_dim = int(torch.tensor(spec.obs_shape).prod()) if spec.obs_shape else 1
+        layers: list[nn.Module] = []
+        for n_in, n_out in zip([obs_dim, *hidden[:-1]], hidden, strict=True):
+            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+        self.torso = nn.Sequential(*layers)
+        features = hidden[-1] if hidden else obs_dim
+        self.value = nn.Linear(features, 1)
+        self.advantage = nn.Linear(features, spec.num_actions)
+        for layer in self.torso:
+            if isinstance(layer, nn.Linear):
+                nn.init.orthogonal_(layer.weight, 2**0.5)
+                nn.init.zeros_(layer.bias)
+        for head in (self.value, self.advantage):
+            nn.init.orthogonal_(head.weight, 1.0)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values [N, A] for observations [N, ...]."""
+        h = self.torso(obs.reshape(obs.shape[0], -1))
+        adv = self.advantage(h)
+        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
+
+    @torch.inference_mode()
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        return self(obs)
+
+
+MODEL_KINDS["dueling_mlp"] = DuelingQNetwork

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,8 @@ class Link:
 
     socket: str  # "dealer" | "sub" | "push"
     required: bool = True
+    hwm: int | None = None  # queue bound, if not the default (see sockets.SocketOptions)
+    immediate: bool = False  # see sockets.SocketOptions.immediate
 
 
 @dataclass
@@ -64,8 +67,39 @@ class NoArgs:
     pass
 
 
+class Outbox:
+    """Messages for one socket that would not go out yet (its peer's queue is full).
+
+    At most ``limit`` wait here; a producer checks ``full`` and stops producing (stops
+    reading requests, stops stepping envs) until the node loop has flushed it. So a
+    slow consumer costs bounded memory and pushes back, instead of losing data.
+    """
+
+    def __init__(self, node: Node, name: str, limit: int):
+        self.node = node
+        self.name = name
+        self.limit = limit
+        self._queue: deque[list] = deque()
+
+    def push(self, frames: list) -> None:
+        self._queue.append(frames)
+        self.flush()
+
+    def flush(self) -> None:
+        while self._queue and self.node.send(self.name, self._queue[0], flags=zmq.NOBLOCK):
+            self._queue.popleft()
+
+    @property
+    def full(self) -> bool:
+        return len(self._queue) >= self.limit
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
 class Node:
     binds: ClassVar[dict[str, str]] = {}  # port -> "router" | "pub" | "pull"
+    port_hwm: ClassVar[dict[str, int]] = {}  # per-port queue bounds, where not the default
     links: ClassVar[dict[str, Link]] = {}
     Args: ClassVar[type] = NoArgs
     metrics_interval_s: ClassVar[float] = 2.0
@@ -106,7 +140,8 @@ class Node:
             address = self.ctx.endpoints.bind_address(self.ctx.spec.name, port, self.ctx.replica)
             if address.startswith("ipc://"):
                 Path(address[6:]).unlink(missing_ok=True)  # a stale file from a dead process
-            self._add_socket(port, sockets.bind(self._zctx, kind, address, opts))
+            port_opts = dataclasses.replace(opts, hwm=self.port_hwm.get(port, opts.hwm))
+            self._add_socket(port, sockets.bind(self._zctx, kind, address, port_opts))
         for name in self.links:
             if name in self.ctx.spec.links:
                 self._add_socket(name, self._connect_link(name))
@@ -117,8 +152,11 @@ class Node:
             )
 
     def _connect_link(self, name: str) -> zmq.Socket:
+        link = self.links[name]
         addresses = self.ctx.endpoints.link_addresses(self.ctx.spec.links[name])
-        return sockets.connect(self._zctx, self.links[name].socket, addresses, self.socket_options)
+        opts = dataclasses.replace(self.socket_options, hwm=link.hwm or self.socket_options.hwm,
+                                   immediate=link.immediate)
+        return sockets.connect(self._zctx, link.socket, addresses, opts)
 
     def reopen(self, name: str) -> None:
         """Close a link socket and connect a fresh one (new identity, empty queues)."""

@@ -37,6 +37,9 @@ class SocketOptions:
     max_frame_bytes: int = wire.MAX_MESSAGE_BYTES
     reconnect_ms: int = 100
     reconnect_max_ms: int = 2000
+    # Queue only on completed connections: a producer whose consumer is not up yet
+    # gets EAGAIN instead of filling a queue with data that will be stale on arrival.
+    immediate: bool = False
 
 
 def _configure(sock: zmq.Socket, opts: SocketOptions) -> None:
@@ -46,6 +49,8 @@ def _configure(sock: zmq.Socket, opts: SocketOptions) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, opts.max_frame_bytes)
     sock.setsockopt(zmq.RECONNECT_IVL, opts.reconnect_ms)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, opts.reconnect_max_ms)
+    if opts.immediate:
+        sock.setsockopt(zmq.IMMEDIATE, 1)
     if sock.type == zmq.ROUTER:
         # A reply to a peer that has gone raises EHOSTUNREACH instead of vanishing,
         # so the node can count it.

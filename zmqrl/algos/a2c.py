@@ -1,0 +1,134 @@
+"""Synchronous advantage actor-critic (A2C), and the pieces A3C needs.
+
+Reference: Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement Learning".
+On-policy: the behaviour ``logp`` in a batch is ignored (no off-policy correction).
+
+All tensors are time-major: shape [T, B] (``bootstrap_value`` is [B]).
+``discounts`` is ``gamma * (1 - done)`` per step, so an episode end cuts the bootstrap.
+
+A3C: workers call ``A2CLearner.gradients(batch)`` on their local copy of the model and
+ship the gradients; the parameter server calls ``apply_gradients(grads)``, which clips
+and steps its optimizer. ``update(batch)`` is exactly ``apply_gradients(gradients(batch))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def nstep_returns(rewards: torch.Tensor, discounts: torch.Tensor,
+                  bootstrap_value: torch.Tensor) -> torch.Tensor:
+    """Bootstrapped returns G_t = r_t + discount_t * G_{t+1}, with G_T = bootstrap_value."""
+    acc = bootstrap_value
+    returns = torch.empty_like(rewards)
+    for t in reversed(range(rewards.shape[0])):
+        acc = rewards[t] + discounts[t] * acc
+        returns[t] = acc
+    return returns
+
+
+def a2c_loss(
+    target_logp: torch.Tensor,
+    entropy: torch.Tensor,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    baseline_cost: float = 0.5,
+    entropy_cost: float = 0.01,
+    normalize_advantages: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy gradient with advantage ``returns - values`` (detached for the policy term),
+    value regression toward ``returns`` (treated as constants), and an entropy bonus."""
+    returns = returns.detach()
+    advantages = returns - values
+    pg_adv = advantages.detach()
+    if normalize_advantages:
+        pg_adv = (pg_adv - pg_adv.mean()) / (pg_adv.std() + 1e-8)
+
+    loss_policy = -(pg_adv * target_logp).mean()
+    loss_baseline = baseline_cost * 0.5 * (advantages**2).mean()
+    loss_entropy = -entropy_cost * entropy.mean()
+    loss = loss_policy + loss_baseline + loss_entropy
+
+    terms = {
+        "loss_policy": loss_policy.item(),
+        "loss_baseline": loss_baseline.item(),
+        "loss_entropy": loss_entropy.item(),
+        "loss_total": loss.item(),
+    }
+    return loss, terms
+
+
+@dataclass
+class A2CConfig:
+    """Hyperparameters of the A2C learner (the topology's ``algo`` section)."""
+
+    kind: str = "a2c"
+    unroll: int = 5  # steps per unroll
+    batch_size: int = 32  # env columns (unrolls) per update
+    lr: float = 7e-4
+    discount: float = 0.99
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.01
+    max_grad_norm: float = 0.5
+    adam_eps: float = 1e-5
+    normalize_advantages: bool = False
+
+
+class A2CLearner:
+    """One A2C update per call over a time-major batch of unrolls (ActorCritic model)."""
+
+    def __init__(self, cfg: A2CConfig, model: torch.nn.Module):
+        self.cfg = cfg
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps)
+        self.updates = 0
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """``batch``: obs [T+1, B, ...], action/reward/done [T, B] (logp is unused)."""
+        cfg = self.cfg
+        T, B = batch["action"].shape[:2]
+        obs = batch["obs"].float()
+        logits, values = self.model(obs.reshape((T + 1) * B, *obs.shape[2:]))
+        logits = logits.reshape(T + 1, B, -1)[:T]
+        values = values.reshape(T + 1, B)
+        logp_all = torch.log_softmax(logits, dim=-1)
+        target_logp = logp_all.gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        discounts = cfg.discount * (~batch["done"].bool()).float()
+        returns = nstep_returns(batch["reward"].float(), discounts, values[T].detach())
+        loss, terms = a2c_loss(target_logp, entropy, values[:T], returns, cfg.baseline_cost,
+                               cfg.entropy_cost, cfg.normalize_advantages)
+        terms["entropy"] = float(entropy.detach().mean())
+        return loss, terms
+
+    def gradients(self, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor],
+                                                                 dict[str, float]]:
+        """Loss gradients (unclipped, one per parameter) without stepping the optimizer."""
+        loss, terms = self._loss(batch)
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g
+                 for p, g in zip(self.params, grads, strict=True)]
+        return grads, terms
+
+    def apply_gradients(self, grads: list[torch.Tensor]) -> dict[str, float]:
+        """Set ``.grad`` from ``grads`` (tensors or arrays), clip and take one optimizer
+        step. Returns {"grad_norm": norm before clipping}."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = torch.as_tensor(g, dtype=p.dtype, device=p.device).reshape(p.shape).clone()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        return {"grad_norm": float(grad_norm)}
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """``batch``: obs [T+1, B, ...], action/logp/reward/done [T, B]."""
+        grads, terms = self.gradients(batch)
+        terms.update(self.apply_gradients(grads))
+        terms["lr"] = self.optimizer.param_groups[0]["lr"]
+        return terms
