@@ -1,56 +1,137 @@
-"""Actor: owns a vector of environments and steps them with actions from its policy link.
+"""Actor: owns a vector of environments and steps them, one message per vector.
 
-In ``remote`` mode (SEED RL) it sends one ``step`` message per vector of envs to the
-inference broker and applies the ``act`` reply; it never runs a model. Each step
-message carries the rewards and episode ends that the previous actions produced, and
-the returns and lengths of episodes that just finished.
+``policy: remote`` (SEED RL, A2C): sends one ``step`` message per vector of envs to the
+inference broker on its ``policy`` link and applies the ``act`` reply; it never runs a
+model. Each step carries the rewards and episode ends that the previous actions
+produced, and the returns/lengths of episodes that just finished. If no reply comes
+within ``request_timeout_s`` it reopens its socket (a new identity, so the broker drops
+the old half-built unroll) and resends: the ZeroMQ Guide's Lazy Pirate.
 
-If a reply does not come within ``request_timeout_s`` the actor assumes the request or
-the broker was lost, reopens its socket (a new identity, so the broker drops the old
-half-built unroll) and resends: the Lazy Pirate pattern of the ZeroMQ Guide.
+``policy: local`` runs a local copy of the model (``zmqrl.acting``), refreshed from the
+``params`` link, and ships what ``algo.kind`` learns from:
+
+* actor-critic algorithms (vtrace, a2c): unrolls on ``experience`` (IMPALA); or, with a
+  ``param_server`` link instead, the A3C worker: the gradients of each unroll go to the
+  parameter server, whose reply carries fresh parameters.
+* Q-learning (dqn): n-step transitions with initial priorities on ``experience`` (a
+  replay node), ε-greedy with Ape-X's per-actor ε unless ``epsilon`` is set.
+
+A local actor stops stepping while its outbox is full: a slow consumer slows the actors
+instead of growing memory.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
 from zmqrl import wire
+from zmqrl.acting import (
+    ActorCriticBehaviour,
+    EpisodeTracker,
+    EpsilonGreedyBehaviour,
+    apex_epsilon,
+)
+from zmqrl.algos import REPLAY_ALGOS, UNROLL_ALGOS, make_algo
 from zmqrl.envs import env_spec, make_vector_env
 from zmqrl.metrics import LatencyReservoir
-from zmqrl.node import Link, Node
+from zmqrl.models import build_model, load_state_arrays
+from zmqrl.node import Link, Node, Outbox
+from zmqrl.topology import NodeSpec, Topology
 
 
 class Actor(Node):
-    links = {"policy": Link("dealer")}
+    links = {
+        "policy": Link("dealer", required=False),
+        "experience": Link("dealer", required=False, hwm=4, immediate=True),
+        "params": Link("sub", required=False, hwm=4),
+        "param_server": Link("dealer", required=False),
+    }
     metrics_interval_s = 1.0
 
     @dataclass
     class Args:
         envs: int = 8
-        policy: str = "remote"
+        policy: str = "remote"  # remote | local
         request_timeout_s: float = 10.0
+        epsilon: float | None = None  # dqn: fixed ε; default Ape-X's schedule over replicas
+        epsilon_base: float = 0.4
+        epsilon_alpha: float = 7.0
+        max_outbox: int = 4
+
+    @classmethod
+    def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
+        """Which links a mode needs (checked by ``zmqrl validate``)."""
+        policy = spec.args.get("policy", "remote")
+        where = ("nodes", spec.name, "links")
+        kind = topo.algo.get("kind", "vtrace")
+        if policy == "remote":
+            return [] if "policy" in spec.links else [(where, "policy: remote needs a 'policy' "
+                                                              "link (to an inference broker)")]
+        if policy != "local":
+            return [(("nodes", spec.name, "args", "policy"),
+                     f"'{policy}' is not remote or local")]
+        if "experience" not in spec.links and "param_server" not in spec.links:
+            return [(where, "policy: local needs an 'experience' link (learner or replay) or "
+                            "a 'param_server' link (A3C worker)")]
+        if "param_server" in spec.links and kind not in UNROLL_ALGOS:
+            return [(where, f"a 'param_server' worker needs an actor-critic algo, not '{kind}'")]
+        return []
 
     def setup(self) -> None:
-        if self.args.policy != "remote":
-            raise ValueError(f"actor policy '{self.args.policy}' is not supported (use remote)")
         if self.args.envs < 1:
             raise ValueError(f"actor envs must be >= 1, got {self.args.envs}")
+        torch.set_num_threads(1)
         n = self.args.envs
-        seed = self.ctx.topo.seed + 10_000 * (self.ctx.replica + 1)
-        self.spec = env_spec(self.ctx.topo.env)
-        self.env = make_vector_env(self.ctx.topo.env, n, seed)
-        self.obs, _ = self.env.reset(seed=seed)
+        topo = self.ctx.topo
+        self.seed = topo.seed + 10_000 * (self.ctx.replica + 1)
+        self.spec = env_spec(topo.env)
+        self.env = make_vector_env(topo.env, n, self.seed)
+        self.obs, _ = self.env.reset(seed=self.seed)
+        self.obs = self.obs.astype(self.spec.obs_dtype, copy=False)
+        self.episodes = EpisodeTracker(n)
+        self.env_steps = 0
+        self.version = 0
+        if self.args.policy == "remote":
+            self._setup_remote()
+        elif self.args.policy == "local":
+            self._setup_local()
+        else:
+            raise ValueError(f"actor policy '{self.args.policy}' is not supported "
+                             "(use remote or local)")
+
+    def teardown(self) -> None:
+        self.env.close()
+
+    def metrics(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"env_steps": self.env_steps, "param_version": self.version}
+        if self.args.policy == "remote":
+            row["latency_p50_ms"], row["latency_p99_ms"] = self.latency.percentiles_ms()
+        else:
+            row["outbox"] = len(self.outbox) if self.outbox else 0
+        return row
+
+    def _env_step(self, action: np.ndarray) -> tuple[np.ndarray, ...]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.env_steps += self.args.envs
+        reward = reward.astype(np.float32, copy=False)
+        returns, lengths = self.episodes.step(reward, terminated | truncated)
+        if len(returns):
+            self.episode_log.extend(returns.tolist())
+        return obs.astype(self.spec.obs_dtype, copy=False), reward, terminated, truncated, \
+            info, returns, lengths
+
+    # ----- remote policy (SEED) -----------------------------------------------------
+    def _setup_remote(self) -> None:
+        n = self.args.envs
         self.reward = np.zeros(n, np.float32)
         self.done = np.zeros(n, np.bool_)
-        self.ep_return = np.zeros(n, np.float64)
-        self.ep_length = np.zeros(n, np.int64)
-        self.finished_returns: list[float] = []
-        self.finished_lengths: list[int] = []
+        self.finished = (np.empty(0, np.float32), np.empty(0, np.int32))
         self.seq = 0
-        self.env_steps = 0
         self.latency = LatencyReservoir()
         self._send_step()
 
@@ -58,18 +139,10 @@ class Actor(Node):
         self.seq += 1
         frames = wire.encode(
             wire.STEP,
-            {
-                "obs": self.obs.astype(self.spec.obs_dtype, copy=False),
-                "reward": self.reward,
-                "done": self.done,
-                "ep_return": np.asarray(self.finished_returns, np.float32),
-                "ep_length": np.asarray(self.finished_lengths, np.int32),
-            },
+            {"obs": self.obs, "reward": self.reward, "done": self.done,
+             "ep_return": self.finished[0], "ep_length": self.finished[1]},
             seq=self.seq,
         )
-        self.finished_returns.clear()
-        self.finished_lengths.clear()
-        self._last_frames = frames
         self.sent_at = time.perf_counter()
         self.send("policy", frames)
 
@@ -81,37 +154,128 @@ class Actor(Node):
         if msg.fields.get("seq") != self.seq:
             return  # a late reply to a request we already gave up on
         self.latency.add(time.perf_counter() - self.sent_at)
-        actions = msg["action"]
-        if actions.shape[0] != self.args.envs:
-            raise wire.ProtocolError(f"got {actions.shape[0]} actions for {self.args.envs} envs")
-        obs, reward, terminated, truncated, _ = self.env.step(actions)
-        self.env_steps += self.args.envs
-        self.obs = obs
-        self.reward = reward.astype(np.float32, copy=False)
+        actions = msg.arrays.get("action")
+        if actions is None or actions.shape[:1] != (self.args.envs,):
+            raise wire.ProtocolError(f"act needs 'action' for {self.args.envs} envs")
+        self.obs, self.reward, terminated, truncated, _, *self.finished = self._env_step(actions)
         self.done = terminated | truncated
-        self.ep_return += reward
-        self.ep_length += 1
-        if self.done.any():
-            ended = np.flatnonzero(self.done)
-            self.finished_returns.extend(self.ep_return[ended].tolist())
-            self.finished_lengths.extend(self.ep_length[ended].tolist())
-            self.episode_log.extend(self.ep_return[ended].tolist())
-            self.ep_return[ended] = 0.0
-            self.ep_length[ended] = 0
         self._send_step()
 
+    # ----- local policy (IMPALA, A3C, Ape-X, Gorila) --------------------------------
+    def _setup_local(self) -> None:
+        topo, n = self.ctx.topo, self.args.envs
+        kind = topo.algo.get("kind", "vtrace")
+        self.model = build_model(topo.model, self.spec, topo.seed)
+        self.model.eval()
+        self.outbox = Outbox(self, "experience", self.args.max_outbox) \
+            if "experience" in self.sockets else None
+        self.awaiting_params = False
+        self.pending_returns: list[np.ndarray] = []
+        self.pending_lengths: list[np.ndarray] = []
+        if kind in UNROLL_ALGOS:
+            unroll = int(topo.algo.get("unroll", 20))
+            self.behaviour: Any = ActorCriticBehaviour(self.spec, self.model, unroll, n)
+            if "param_server" in self.sockets:  # A3C worker: gradients, not experience
+                self.worker = make_algo(topo.algo, self.model)
+        elif kind in REPLAY_ALGOS:
+            epsilon = self.args.epsilon
+            if epsilon is None:
+                epsilon = apex_epsilon(self.ctx.replica, self.ctx.spec.replicas,
+                                       self.args.epsilon_base, self.args.epsilon_alpha)
+            self.behaviour = EpsilonGreedyBehaviour(
+                self.spec, self.model, epsilon, int(topo.algo.get("n_step", 3)),
+                float(topo.algo.get("discount", 0.99)), n, self.seed)
+            self.log.info("epsilon %.4f", epsilon)
+        else:
+            raise ValueError(f"no local behaviour for algo.kind '{kind}'")
+
+    def poll_timeout_ms(self) -> int:
+        if self.args.policy == "local" and not self._blocked():
+            return 0  # keep stepping; just look for parameter updates on the way
+        return 100
+
+    def _blocked(self) -> bool:
+        return self.awaiting_params or (self.outbox is not None and self.outbox.full)
+
+    on_experience = Node.consumer_error
+
+    def on_params(self, _envelope: list, msg: wire.Message) -> None:
+        if msg.type != wire.PARAMS:
+            raise wire.ProtocolError(f"params link takes '{wire.PARAMS}', not '{msg.type}'")
+        self._load_params(msg)
+
+    def on_param_server(self, _envelope: list, msg: wire.Message) -> None:
+        if msg.type == wire.ERROR:
+            raise RuntimeError(f"parameter server rejected our gradients: "
+                               f"{msg.fields.get('error')}")
+        if msg.type != wire.PARAMS:
+            raise wire.ProtocolError(f"expected '{wire.PARAMS}', got '{msg.type}'")
+        self._load_params(msg)
+        self.awaiting_params = False
+
+    def _load_params(self, msg: wire.Message) -> None:
+        version = msg.fields.get("version")
+        if type(version) is not int or version <= self.version:
+            return
+        load_state_arrays(self.model, msg.arrays)
+        self.version = version
+
     def after_poll(self) -> None:
-        if time.perf_counter() - self.sent_at > self.args.request_timeout_s:
-            self.log.warning("no reply in %.1fs; reconnecting and resending",
+        if self.args.policy == "remote":
+            if time.perf_counter() - self.sent_at > self.args.request_timeout_s:
+                self.log.warning("no reply in %.1fs; reconnecting and resending",
+                                 self.args.request_timeout_s)
+                self.reopen("policy")
+                self._send_step()
+            return
+        if self.outbox is not None:
+            self.outbox.flush()
+        if self.awaiting_params and time.perf_counter() - self.sent_at > \
+                self.args.request_timeout_s:
+            self.log.warning("no reply from the parameter server in %.1fs; reconnecting",
                              self.args.request_timeout_s)
-            self.reopen("policy")
-            # Rewards of the lost step would be credited to the wrong unroll: start clean.
-            self.reward[:] = 0.0
-            self._send_step()
+            self.reopen("param_server")
+            self.awaiting_params = False  # that gradient is lost; the next one goes out
+        if not self._blocked():
+            self._local_step()
 
-    def metrics(self) -> dict:
-        p50, p99 = self.latency.percentiles_ms()
-        return {"env_steps": self.env_steps, "latency_p50_ms": p50, "latency_p99_ms": p99}
+    def _local_step(self) -> None:
+        obs = self.obs
+        action, unroll = self.behaviour.act(obs, self.version)
+        if unroll is not None:
+            self._ship_unroll(unroll)
+        next_obs, reward, terminated, truncated, info, returns, lengths = self._env_step(action)
+        if len(returns):
+            self.pending_returns.append(returns)
+            self.pending_lengths.append(lengths)
+        final_next = next_obs
+        if "_final_obs" in info and info["_final_obs"].any():
+            final_next = next_obs.copy()  # n-step targets bootstrap from the final obs
+            for i in np.flatnonzero(info["_final_obs"]):
+                final_next[i] = info["final_obs"][i]
+        self.behaviour.outcome(obs, action, reward, terminated, truncated, final_next)
+        self.obs = next_obs
+        if isinstance(self.behaviour, EpsilonGreedyBehaviour):
+            items = self.behaviour.take()
+            if items is not None:
+                self.outbox.push(wire.encode(wire.INSERT, items, version=self.version))
 
-    def teardown(self) -> None:
-        self.env.close()
+    def _ship_unroll(self, unroll: dict[str, Any]) -> None:
+        version = unroll.pop("version")
+        if self.pending_returns:
+            unroll["ep_return"] = np.concatenate(self.pending_returns)
+            unroll["ep_length"] = np.concatenate(self.pending_lengths)
+            self.pending_returns, self.pending_lengths = [], []
+        if self.outbox is not None:
+            self.outbox.push(wire.encode(wire.UNROLL, unroll, version=version))
+            return
+        batch = {k: torch.from_numpy(unroll[k]) for k in ("obs", "action", "logp", "reward",
+                                                          "done")}
+        grads, _ = self.worker.gradients(batch)
+        names = [name for name, p in self.model.named_parameters() if p.requires_grad]
+        arrays = {name: g.numpy() for name, g in zip(names, grads, strict=True)}
+        env_steps = int(unroll["action"].shape[0] * unroll["action"].shape[1])
+        self.send("param_server", wire.encode(wire.GRADS, arrays, version=self.version,
+                                              env_steps=env_steps))
+        self.sent_at = time.perf_counter()
+        self.awaiting_params = True

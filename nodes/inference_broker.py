@@ -26,6 +26,7 @@ from zmqrl.envs import env_spec
 from zmqrl.metrics import LatencyReservoir
 from zmqrl.models import build_model, load_state_arrays, pick_device
 from zmqrl.node import Link, Node, Outbox
+from zmqrl.topology import NodeSpec, Topology
 from zmqrl.unroll import UnrollBuilder
 
 
@@ -41,6 +42,10 @@ class InferenceBroker(Node):
     class Args:
         max_batch: int = 1024  # envs per forward pass
         max_wait_ms: float = 0.0  # >0: wait this long for a fuller batch
+        # sync (A2C / Accel RL): wait until every actor linked to us has a request in,
+        # or ``sync_timeout_ms`` passed (a dead actor must not stall the others).
+        mode: str = "dynamic"  # dynamic | sync
+        sync_timeout_ms: float = 1000.0
         device: str = "auto"
         unroll: int | None = None  # default: algo.unroll
         max_outbox: int = 4
@@ -53,6 +58,8 @@ class InferenceBroker(Node):
         self.model = build_model(self.ctx.topo.model, self.spec, self.ctx.topo.seed).to(self.device)
         self.model.eval()
         self.unroll = self.args.unroll or int(self.ctx.topo.algo.get("unroll", 20))
+        self.sync = self.args.mode == "sync"
+        self.expected_actors = self._expected_actors()
         self.version = 0
         self._latest_params: wire.Message | None = None
         self.pending: list[tuple[list, wire.Message]] = []
@@ -98,15 +105,39 @@ class InferenceBroker(Node):
         self.pending.append((envelope, msg))
         self.pending_envs += n
 
+    on_experience = Node.consumer_error
+
     def on_params(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.PARAMS:
             raise wire.ProtocolError(f"params link takes '{wire.PARAMS}', not '{msg.type}'")
         self._latest_params = msg  # only the newest is loaded, once per loop turn
 
+    @classmethod
+    def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
+        mode = spec.args.get("mode", "dynamic")
+        if mode not in ("dynamic", "sync"):
+            return [(("nodes", spec.name, "args", "mode"), f"'{mode}' is not dynamic or sync")]
+        return []
+
+    def _expected_actors(self) -> int:
+        """Actor processes whose policy link points at our port (sync mode)."""
+        target = f"{self.ctx.spec.name}.policy"
+        linked = sum(s.replicas for s in self.ctx.topo.nodes.values()
+                     if target in s.links.values())
+        return max(1, linked // self.ctx.spec.replicas)
+
+    def _wait_budget_ms(self) -> float:
+        return self.args.sync_timeout_ms if self.sync else self.args.max_wait_ms
+
+    def _batch_ready(self) -> bool:
+        if self.sync:
+            return len(self.pending) >= self.expected_actors
+        return self.pending_envs >= self.args.max_batch
+
     def poll_timeout_ms(self) -> int:
-        if self.pending and self.args.max_wait_ms > 0:
+        if self.pending and self._wait_budget_ms() > 0:
             waited = (time.perf_counter() - self.first_pending_at) * 1e3
-            return max(0, int(self.args.max_wait_ms - waited))
+            return max(0, int(self._wait_budget_ms() - waited))
         return 100
 
     def after_poll(self) -> None:
@@ -116,7 +147,7 @@ class InferenceBroker(Node):
         if not self.pending:
             return
         waited_ms = (time.perf_counter() - self.first_pending_at) * 1e3
-        if self.pending_envs < self.args.max_batch and waited_ms < self.args.max_wait_ms:
+        if not self._batch_ready() and waited_ms < self._wait_budget_ms():
             return
         while self.pending:
             batch, envs = [], 0

@@ -1,38 +1,51 @@
-"""Learner: takes unrolls from its ``experience`` port, trains, publishes parameters.
+"""Learner: trains the model on experience and hands the parameters on.
 
-The algorithm is chosen by the topology's ``algo.kind`` (see ``zmqrl.algos.ALGOS``); this
-node only moves data: it stacks ``batch_size`` env columns of incoming unrolls into a
-batch, runs the algorithm's update, publishes parameters on its ``params`` port, logs
-metrics and writes checkpoints atomically.
+The algorithm is the topology's ``algo.kind`` (``zmqrl.algos.ALGOS``), and it decides
+where the data comes from:
 
-Backpressure: every loop turn trains until fewer than ``batch_size`` columns are left,
-so at most one batch waits here; while we train, unrolls wait in the experience port's
-small ZeroMQ queue (``port_hwm``) and then in the producers' outboxes, which stop their
-actors. Nothing is dropped and nothing grows.
+* unroll algorithms (vtrace, a2c): unrolls arrive on the ``experience`` port, from an
+  inference broker (SEED, A2C) or from local-policy actors (IMPALA). Each loop turn
+  stacks ``batch_size`` env columns into a batch and updates; at most one batch waits
+  here, the rest waits in the producers' outboxes (backpressure, nothing dropped).
+* replay algorithms (dqn): the learner asks the ``replay`` link for batches (keeping
+  ``prefetch`` requests in flight so the replay works while we train) and sends the
+  new priorities back.
+
+The updated parameters go out on the ``params`` port (PUB) every ``publish_every``
+updates. With a ``param_server`` link (Gorila) the learner does not step its own
+optimizer: it sends its gradients there and continues from the parameters it gets back.
+Checkpoints are written atomically (write, then rename).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from zmqrl import wire
-from zmqrl.algos import make_algo
+from zmqrl.algos import REPLAY_ALGOS, UNROLL_ALGOS, make_algo
 from zmqrl.envs import env_spec
 from zmqrl.metrics import EpisodeStats
-from zmqrl.models import build_model, pick_device, state_arrays
-from zmqrl.node import Node
+from zmqrl.models import build_model, load_state_arrays, pick_device, state_arrays
+from zmqrl.node import Link, Node
+from zmqrl.topology import NodeSpec, Topology
 
 _UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
+_TRANSITION_KEYS = ("obs", "action", "reward", "discount", "next_obs")
 
 
 class Learner(Node):
     binds = {"experience": "router", "params": "pub"}
     port_hwm = {"experience": 8, "params": 4}
+    links = {"replay": Link("dealer", required=False),
+             "param_server": Link("dealer", required=False)}
     metrics_interval_s = 1.0
 
     @dataclass
@@ -40,16 +53,30 @@ class Learner(Node):
         device: str = "auto"
         publish_every: int = 1  # updates between parameter broadcasts
         checkpoint_every: int = 200  # updates between checkpoints (0: only at exit)
+        prefetch: int = 2  # replay sample requests kept in flight
+
+    @classmethod
+    def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
+        kind = topo.algo.get("kind", "vtrace")
+        where = ("nodes", spec.name, "links")
+        if kind in REPLAY_ALGOS and "replay" not in spec.links:
+            return [(where, f"algo '{kind}' learns from a replay: add a 'replay' link")]
+        if kind in UNROLL_ALGOS and "replay" in spec.links:
+            return [(where, f"algo '{kind}' learns from unrolls on the 'experience' port; "
+                            "remove the 'replay' link")]
+        if kind not in REPLAY_ALGOS and "param_server" in spec.links:
+            return [(where, f"a 'param_server' link needs a replay algorithm, not '{kind}'")]
+        return []
 
     def setup(self) -> None:
         torch.set_num_threads(1)
-        self.spec = env_spec(self.ctx.topo.env)
+        topo = self.ctx.topo
+        self.kind = topo.algo.get("kind", "vtrace")
+        self.spec = env_spec(topo.env)
         self.device = pick_device(self.args.device)
-        self.model = build_model(self.ctx.topo.model, self.spec, self.ctx.topo.seed).to(self.device)
-        self.algo = make_algo(self.ctx.topo.algo, self.model)
+        self.model = build_model(topo.model, self.spec, topo.seed).to(self.device)
+        self.algo = make_algo(topo.algo, self.model)
         self.cfg = self.algo.cfg
-        self.queue: list[wire.Message] = []
-        self.queued_columns = 0
         self.updates = 0
         self.env_steps = 0
         self.episodes = EpisodeStats(window=100)
@@ -57,16 +84,28 @@ class Learner(Node):
         self.lags: list[int] = []
         self._rate_mark = (time.monotonic(), 0)
         self.checkpoint_path = self.ctx.run_dir / "checkpoints" / f"{self.ctx.label}.pt"
+        # unroll path
+        self.queue: list[wire.Message] = []
+        self.queued_columns = 0
+        # replay path
+        self.batches: deque[wire.Message] = deque()
+        self.in_flight = 0
+        self.awaiting_params = False
+        if "replay" in self.sockets:
+            for _ in range(self.args.prefetch):
+                self._request_sample()
         self._publish()
-        self.log.info("%s on %s, batch %d x unroll %d", self.cfg.kind, self.device,
-                      self.cfg.batch_size, self.cfg.unroll)
+        self.log.info("%s on %s, batch %d", self.kind, self.device, self.cfg.batch_size)
 
+    # ----- unroll path ----------------------------------------------------------------
     def on_experience(self, _envelope: list, msg: wire.Message) -> None:
+        if self.kind not in UNROLL_ALGOS:
+            raise wire.ProtocolError(f"this learner ({self.kind}) takes no unrolls")
         if msg.type != wire.UNROLL:
             raise wire.ProtocolError(f"experience port takes '{wire.UNROLL}', not '{msg.type}'")
         self._check_unroll(msg)
         n = msg["action"].shape[1]
-        self.env_steps += self.cfg.unroll * n
+        self.env_steps += msg["action"].shape[0] * n
         if "ep_return" in msg.arrays:
             self.episodes.add(msg["ep_return"], msg["ep_length"])
         self.queue.append(msg)
@@ -91,20 +130,76 @@ class Learner(Node):
         if ("ep_return" in msg.arrays) != ("ep_length" in msg.arrays):
             raise wire.ProtocolError("'ep_return' and 'ep_length' must come together")
 
-    def after_poll(self) -> None:
+    def _train_unrolls(self) -> None:
         while self.queued_columns >= self.cfg.batch_size:
             taken, columns = [], 0
             while columns < self.cfg.batch_size:
                 taken.append(self.queue.pop(0))
                 columns += taken[-1]["action"].shape[1]
             self.queued_columns -= columns
-            self._train(taken)
+            batch = {k: torch.from_numpy(np.concatenate([m[k] for m in taken], axis=1))
+                     .to(self.device) for k in _UNROLL_KEYS}
+            self.lags.extend(self.updates - int(m.fields.get("version", 0)) for m in taken)
+            self.last_terms = self.algo.update(batch)
+            self._after_update()
 
-    def _train(self, msgs: list[wire.Message]) -> None:
-        batch = {k: torch.from_numpy(np.concatenate([m[k] for m in msgs], axis=1)).to(self.device)
-                 for k in _UNROLL_KEYS}
-        self.lags.extend(self.updates - int(m.fields.get("version", 0)) for m in msgs)
-        self.last_terms = self.algo.update(batch)
+    # ----- replay path ----------------------------------------------------------------
+    def _request_sample(self) -> None:
+        self.send("replay", wire.encode(wire.SAMPLE, batch_size=self.cfg.batch_size))
+        self.in_flight += 1
+
+    def on_replay(self, _envelope: list, msg: wire.Message) -> None:
+        if msg.type == wire.ERROR:
+            raise RuntimeError(f"replay rejected our request: {msg.fields.get('error')}")
+        if msg.type != wire.BATCH:
+            raise wire.ProtocolError(f"replay link takes '{wire.BATCH}', not '{msg.type}'")
+        missing = [k for k in (*_TRANSITION_KEYS, "key", "weight") if k not in msg.arrays]
+        if missing:
+            raise wire.ProtocolError(f"batch lacks {', '.join(missing)}")
+        self.in_flight -= 1
+        self.batches.append(msg)
+
+    def _train_replay(self) -> None:
+        while self.batches and not self.awaiting_params:
+            msg = self.batches.popleft()
+            batch = {k: torch.from_numpy(np.array(msg[k])).to(self.device)
+                     for k in _TRANSITION_KEYS}
+            batch["weights"] = torch.from_numpy(np.array(msg["weight"])).to(self.device)
+            if "param_server" in self.sockets:
+                grads, terms, priorities = self.algo.gradients(batch)
+                names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+                self.send("param_server", wire.encode(
+                    wire.GRADS, {n: g.cpu().numpy() for n, g in zip(names, grads, strict=True)},
+                    version=self.updates))
+                self.awaiting_params = True
+            else:
+                terms, priorities = self.algo.update(batch)
+                self._after_update()
+            self.last_terms = terms
+            self.send("replay", wire.encode(wire.PRIORITIES, {
+                "key": msg["key"], "priority": priorities.numpy().astype(np.float32)}))
+        while self.in_flight < self.args.prefetch:
+            self._request_sample()
+
+    def on_param_server(self, _envelope: list, msg: wire.Message) -> None:
+        if msg.type == wire.ERROR:
+            raise RuntimeError(f"parameter server rejected our gradients: "
+                               f"{msg.fields.get('error')}")
+        if msg.type != wire.PARAMS:
+            raise wire.ProtocolError(f"expected '{wire.PARAMS}', got '{msg.type}'")
+        load_state_arrays(self.model, msg.arrays)
+        self.awaiting_params = False
+        self.algo.after_update()  # our step counter and target network follow the server's
+        self.updates += 1
+
+    # ----- both -----------------------------------------------------------------------
+    def after_poll(self) -> None:
+        if self.kind in UNROLL_ALGOS:
+            self._train_unrolls()
+        else:
+            self._train_replay()
+
+    def _after_update(self) -> None:
         self.updates += 1
         if self.updates % self.args.publish_every == 0:
             self._publish()
@@ -125,21 +220,24 @@ class Learner(Node):
                     "torch_rng": torch.get_rng_state()}, tmp)
         os.replace(tmp, self.checkpoint_path)
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
         now = time.monotonic()
         t0, steps0 = self._rate_mark
         self._rate_mark = (now, self.env_steps)
-        row = {
-            "env_steps": self.env_steps,
-            "steps_per_s": round((self.env_steps - steps0) / max(now - t0, 1e-9), 1),
-            "updates": self.updates,
-            "episodes": self.episodes.count,
-            "return_mean_20": round(self.episodes.mean_return(20), 2),
-            "return_mean_100": round(self.episodes.mean_return(), 2),
-            "length_mean_100": round(self.episodes.mean_length(), 1),
-            "policy_lag": round(float(np.mean(self.lags)), 2) if self.lags else float("nan"),
-            "queue": len(self.queue),
-        }
+        row: dict[str, Any] = {"updates": self.updates}
+        if self.kind in UNROLL_ALGOS:
+            row.update({
+                "env_steps": self.env_steps,
+                "steps_per_s": round((self.env_steps - steps0) / max(now - t0, 1e-9), 1),
+                "episodes": self.episodes.count,
+                "return_mean_20": round(self.episodes.mean_return(20), 2),
+                "return_mean_100": round(self.episodes.mean_return(), 2),
+                "length_mean_100": round(self.episodes.mean_length(), 1),
+                "policy_lag": round(float(np.mean(self.lags)), 2) if self.lags else math.nan,
+                "queue": len(self.queue),
+            })
+        else:
+            row["batches_waiting"] = len(self.batches)
         row.update({k: round(v, 5) for k, v in self.last_terms.items()})
         self.lags = []
         return row

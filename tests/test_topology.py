@@ -41,7 +41,9 @@ def test_seed_topology_is_valid():
         (lambda t: t["nodes"]["actor"]["links"].update(policy="brokr.policy"),
          "t.yaml: node 'actor', field 'links.policy': 'brokr.policy' names no node 'brokr'"),
         (lambda t: t["nodes"]["actor"]["links"].pop("policy"),
-         "t.yaml: node 'actor', field 'links': missing required link 'policy'"),
+         "t.yaml: node 'actor', field 'links': policy: remote needs a 'policy' link"),
+        (lambda t: t["nodes"]["learner"].update(links={"replay": "broker.policy"}),
+         "t.yaml: node 'learner', field 'links': algo 'vtrace' learns from unrolls"),
         (lambda t: t["nodes"]["actor"]["links"].update(policy="learner.params"),
          "t.yaml: node 'actor', field 'links.policy': a dealer link cannot connect to "
          "'learner.params', a pub port"),

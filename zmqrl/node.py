@@ -126,12 +126,18 @@ class Node:
         self.sockets: dict[str, zmq.Socket] = {}
         self._traffic: dict[str, list[int]] = {}  # name -> [msgs_in, bytes_in, msgs_out, bytes_out]
         self._poller = zmq.Poller()
+        self._paused: set[str] = set()
         self._handlers: dict[zmq.Socket, tuple[str, Callable | None, bool]] = {}
         self._timers: list[list] = []  # [next_due, period, fn]
         self._supervisor: zmq.Socket | None = None
         self._metrics_log = CsvLog(ctx.run_dir / "metrics" / f"{ctx.label}.csv")
         self._last_traffic: dict[str, list[int]] = {}
         self._last_metrics_t = self.started
+
+    @classmethod
+    def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
+        """Node-specific checks of a topology entry, as (field path, message) pairs."""
+        return []
 
     # ----- wiring -------------------------------------------------------------------
     def _open_sockets(self) -> None:
@@ -179,16 +185,27 @@ class Node:
         """Stop or resume reading a socket (backpressure: let its queue fill up)."""
         sock = self.sockets[name]
         if enabled:
+            self._paused.discard(name)
             self._poller.register(sock, zmq.POLLIN)
         else:
+            self._paused.add(name)  # also ends a drain of this socket in progress
             self._poller.unregister(sock)
 
     def send(self, name: str, frames: list, envelope: list | None = None, flags: int = 0) -> bool:
         """Send on a named socket. False if it would block (NOBLOCK and a full queue: the
-        caller decides) or the ROUTER peer is gone (counted in ``dropped``)."""
+        caller decides) or the ROUTER peer is gone (counted in ``dropped``).
+
+        Replies (with an ``envelope``) never block: a peer that does not read its
+        replies must not be able to stall us, so what it does not take is dropped and
+        counted.
+        """
+        if envelope:
+            flags |= zmq.NOBLOCK
         try:
             sockets.send(self.sockets[name], frames, envelope, flags)
         except zmq.Again:
+            if envelope:
+                self.dropped += 1
             return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
@@ -202,6 +219,14 @@ class Node:
 
     def every(self, seconds: float, fn: Callable[[], None]) -> None:
         self._timers.append([time.monotonic() + seconds, seconds, fn])
+
+    def consumer_error(self, _envelope: list, msg: wire.Message) -> None:
+        """Handler for a one-way link (we produce, a consumer binds): the only thing
+        that comes back is an ``error`` reply to a message it rejected. Log it."""
+        if msg.type != wire.ERROR:
+            raise wire.ProtocolError(f"expected only '{wire.ERROR}' replies, got '{msg.type}'")
+        self.bad_messages += 1
+        self.log.error("our message was rejected: %s", msg.fields.get("error"))
 
     # ----- hooks for subclasses -----------------------------------------------------
     def setup(self) -> None:
@@ -277,7 +302,7 @@ class Node:
                 self.log.error("rejected message on '%s': %s", name, exc)
                 if envelope:
                     self.send(name, wire.error_reply(str(exc)), envelope)
-            if self.stopping:
+            if self.stopping or name in self._paused:
                 return
 
     def _fire_timers(self) -> None:

@@ -26,6 +26,8 @@ NODE_KINDS = {
     "inference_broker": "nodes.inference_broker:InferenceBroker",
     "learner": "nodes.learner:Learner",
     "sink": "nodes.sink:Sink",
+    "replay": "nodes.replay:Replay",
+    "param_server": "nodes.param_server:ParamServer",
 }
 RESTART_POLICIES = ("always", "on-failure", "never")
 # Which socket a link's socket may connect to.
@@ -250,9 +252,10 @@ def _semantic_errors(topo: Topology, broken: set[str]) -> list[tuple[tuple, str]
     for spec in topo.nodes.values():
         cls = classes.get(spec.name)
         if cls is not None:
-            errors += [(("nodes", spec.name, "args", key), msg)
-                       for key, msg in _fields_errors(getattr(cls, "Args", None), spec.args,
-                                                      cls.__name__)]
+            arg_errors = [(("nodes", spec.name, "args", key), msg)
+                          for key, msg in _fields_errors(getattr(cls, "Args", None), spec.args,
+                                                         cls.__name__)]
+            errors += arg_errors or cls.check_spec(spec, topo)
             for link in sorted(set(cls.links) - set(spec.links)):
                 if cls.links[link].required:
                     errors.append((("nodes", spec.name, "links"),

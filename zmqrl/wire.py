@@ -42,10 +42,17 @@ STEP = "step"  # actor -> inference: observations (+ rewards/dones of the last a
 ACT = "act"  # inference -> actor: actions for those observations
 UNROLL = "unroll"  # experience producer -> learner: time-major trajectory block
 PARAMS = "params"  # learner -> inference (PUB): model parameters with a version
+INSERT = "insert"  # actor -> replay: batch-major items (+ optional ``priority`` array)
+SAMPLE = "sample"  # learner -> replay: request ``batch_size`` items; reply ``batch``
+BATCH = "batch"  # replay -> learner: ``key``, ``weight`` and the items' arrays
+PRIORITIES = "priorities"  # learner -> replay: ``key`` and new ``priority`` arrays
+GRADS = "grads"  # worker/learner -> parameter server: one array per parameter; reply params
+GET_PARAMS = "get_params"  # anyone -> parameter server: reply ``params``
 ERROR = "error"  # reply to a rejected message: ``error`` field says why
 
-MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS, ERROR})
-REPLY_TO = {PING: PONG, STEP: ACT}
+MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS,
+                           INSERT, SAMPLE, BATCH, PRIORITIES, GRADS, GET_PARAMS, ERROR})
+REPLY_TO = {PING: PONG, STEP: ACT, SAMPLE: BATCH, GRADS: PARAMS, GET_PARAMS: PARAMS}
 
 _ALLOWED_DTYPES = frozenset(
     f"{k}{n}" for k, sizes in (("int", (8, 16, 32, 64)), ("uint", (8, 16, 32, 64)),

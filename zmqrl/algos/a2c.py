@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from zmqrl.algos import gradients
+
 
 def nstep_returns(rewards: torch.Tensor, discounts: torch.Tensor,
                   bootstrap_value: torch.Tensor) -> torch.Tensor:
@@ -108,23 +110,14 @@ class A2CLearner:
                                                                  dict[str, float]]:
         """Loss gradients (unclipped, one per parameter) without stepping the optimizer."""
         loss, terms = self._loss(batch)
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g
-                 for p, g in zip(self.params, grads, strict=True)]
-        return grads, terms
+        return gradients.compute(loss, self.params), terms
 
     def apply_gradients(self, grads: list[torch.Tensor]) -> dict[str, float]:
         """Set ``.grad`` from ``grads`` (tensors or arrays), clip and take one optimizer
         step. Returns {"grad_norm": norm before clipping}."""
-        if len(grads) != len(self.params):
-            raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = torch.as_tensor(g, dtype=p.dtype, device=p.device).reshape(p.shape).clone()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = gradients.apply(self.params, self.optimizer, grads, self.cfg.max_grad_norm)
         self.updates += 1
-        return {"grad_norm": float(grad_norm)}
+        return {"grad_norm": grad_norm}
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """``batch``: obs [T+1, B, ...], action/logp/reward/done [T, B]."""

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from zmqrl.algos import gradients
+
 # ------------------------------------------------------------------ n-step transitions
 
 
@@ -232,16 +234,18 @@ class DQNLearner:
         self.model = model
         self.target_model = copy.deepcopy(model)
         self.target_model.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps)
         self.updates = 0
 
     def sync_target(self) -> None:
         self.target_model.load_state_dict(self.model.state_dict())
 
-    def update(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, float], torch.Tensor]:
+    def loss(self, batch: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """``batch``: obs/next_obs [B, ...], action [B], reward [B] (n-step sum),
         discount [B] (gamma^m or 0), weights [B] (importance weights; optional).
-        Returns (loss terms, new priorities |td| [B] as float32 CPU)."""
+        Returns (loss, loss terms, new priorities |td| [B] as float32 CPU)."""
         cfg = self.cfg
         obs, next_obs = batch["obs"].float(), batch["next_obs"].float()
         reward, discount = batch["reward"].float(), batch["discount"].float()
@@ -255,20 +259,34 @@ class DQNLearner:
         td = targets - q
         huber = F.huber_loss(q, targets, reduction="none", delta=cfg.huber_delta)
         loss = (weights * huber).mean()
-
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
-        self.updates += 1
-        if self.updates % cfg.target_update_every == 0:
-            self.sync_target()
-
         priorities = td.detach().abs().float().cpu()
         terms = {
             "loss": loss.item(),
             "q_mean": q.detach().mean().item(),
             "td_abs_mean": priorities.mean().item(),
-            "grad_norm": float(grad_norm),
         }
+        return loss, terms, priorities
+
+    def gradients(self, batch: dict[str, torch.Tensor]
+                  ) -> tuple[list[torch.Tensor], dict[str, float], torch.Tensor]:
+        """(gradients, loss terms, priorities) without stepping: for Gorila learners."""
+        loss, terms, priorities = self.loss(batch)
+        return gradients.compute(loss, self.params), terms, priorities
+
+    def apply_gradients(self, grads: list[torch.Tensor]) -> dict[str, float]:
+        """Clip and apply ``grads`` (for the parameter server); counts an update."""
+        grad_norm = gradients.apply(self.params, self.optimizer, grads, self.cfg.max_grad_norm)
+        self.after_update()
+        return {"grad_norm": grad_norm}
+
+    def after_update(self) -> None:
+        """Count an update of the online network and sync the target when due."""
+        self.updates += 1
+        if self.updates % self.cfg.target_update_every == 0:
+            self.sync_target()
+
+    def update(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, float], torch.Tensor]:
+        """One update. Returns (loss terms, new priorities |td| [B] as float32 CPU)."""
+        grads, terms, priorities = self.gradients(batch)
+        terms.update(self.apply_gradients(grads))
         return terms, priorities

@@ -1,0 +1,99 @@
+"""What an actor does with a local model: the behaviours of the local-policy actors.
+
+The actor node (``nodes/actor.py``) owns the envs and the sockets; a behaviour owns the
+local model and turns each vector step into what the topology wants shipped:
+
+* :class:`ActorCriticBehaviour` (IMPALA actors, A3C workers): samples from the local
+  policy and cuts time-major unrolls with behaviour log-probs.
+* :class:`EpsilonGreedyBehaviour` (Ape-X, Gorila actors): ε-greedy on a local Q-network,
+  n-step transitions with initial priorities |δ| computed on the actor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from zmqrl.algos.dqn import NStepAccumulator, td_priorities
+from zmqrl.envs import EnvSpec
+from zmqrl.unroll import UnrollBuilder
+
+
+def apex_epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X's per-actor exploration: ε_i = base^(1 + alpha·i/(n−1)) (one actor: base)."""
+    return base ** (1 + alpha * i / (n - 1)) if n > 1 else base
+
+
+class EpisodeTracker:
+    """Running returns and lengths of a vector of envs; reports finished episodes."""
+
+    def __init__(self, n: int):
+        self.ret = np.zeros(n, np.float64)
+        self.length = np.zeros(n, np.int64)
+
+    def step(self, reward: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.ret += reward
+        self.length += 1
+        if not done.any():
+            return np.empty(0, np.float32), np.empty(0, np.int32)
+        ended = np.flatnonzero(done)
+        out = self.ret[ended].astype(np.float32), self.length[ended].astype(np.int32)
+        self.ret[ended] = 0.0
+        self.length[ended] = 0
+        return out
+
+
+class ActorCriticBehaviour:
+    def __init__(self, spec: EnvSpec, model: torch.nn.Module, unroll: int, n: int):
+        self.model = model
+        self.builder = UnrollBuilder(spec, unroll, n)
+
+    def act(self, obs: np.ndarray, version: int) -> tuple[np.ndarray, dict | None]:
+        """Actions for ``obs``, and a finished unroll (with its version) if one is due."""
+        started_with = self.builder.version
+        unroll = self.builder.observe(obs, version)
+        action, logp = self.model.act(torch.from_numpy(obs))
+        action = action.numpy()
+        self.builder.act(action, logp.numpy())
+        if unroll is not None:
+            unroll["version"] = started_with
+        return action, unroll
+
+    def outcome(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+                terminated: np.ndarray, truncated: np.ndarray, next_obs: np.ndarray) -> None:
+        self.builder.outcome(reward, terminated | truncated)
+
+
+class EpsilonGreedyBehaviour:
+    def __init__(self, spec: EnvSpec, model: torch.nn.Module, epsilon: float, n_step: int,
+                 discount: float, n: int, seed: int):
+        self.model = model
+        self.epsilon = epsilon
+        self.num_actions = spec.num_actions
+        self.rng = np.random.default_rng(seed)
+        self.nstep = NStepAccumulator(n, n_step, discount)
+        self.pending: list[dict[str, np.ndarray]] = []
+
+    def act(self, obs: np.ndarray, version: int) -> tuple[np.ndarray, None]:
+        greedy = self.model.q_values(torch.from_numpy(obs)).argmax(-1).numpy()
+        explore = self.rng.random(len(obs)) < self.epsilon
+        random_actions = self.rng.integers(self.num_actions, size=len(obs))
+        return np.where(explore, random_actions, greedy), None
+
+    def outcome(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+                terminated: np.ndarray, truncated: np.ndarray, next_obs: np.ndarray) -> None:
+        """``next_obs`` holds the final observation where an episode ended."""
+        done = self.nstep.push(obs, action, reward, terminated, next_obs, truncated)
+        if done is not None:
+            self.pending.append(done)
+
+    def take(self) -> dict[str, np.ndarray] | None:
+        """The transitions gathered so far, with initial priorities, or None."""
+        if not self.pending:
+            return None
+        items = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
+        self.pending = []
+        items["priority"] = td_priorities(self.model, items["obs"], items["action"],
+                                          items["reward"], items["discount"],
+                                          items["next_obs"]).astype(np.float32)
+        return items
