@@ -1,0 +1,12 @@
+"""Replay storage: tables, samplers, rate limiter. No sockets.
+
+:class:`ReplayTable` stores items and samples them (uniform, prioritized, fifo),
+:class:`SumTree` backs the prioritized sampler, and :class:`RateLimiter` decides
+when inserts and samples may proceed. The replay node wraps these behind sockets.
+"""
+
+from zmqrl.replay.rate_limiter import RateLimiter
+from zmqrl.replay.sum_tree import SumTree
+from zmqrl.replay.table import ReplayTable, Sample, SamplerKind
+
+__all__ = ["RateLimiter", "ReplayTable", "Sample", "SamplerKind", "SumTree"]
