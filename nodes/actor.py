@@ -47,7 +47,7 @@ from zmqrl.topology import NodeSpec, Topology
 class Actor(Node):
     links = {
         "policy": Link("dealer", required=False),
-        "experience": Link("dealer", required=False, hwm=4, immediate=True),
+        "experience": Link("dealer", required=False, immediate=True),
         "params": Link("sub", required=False, hwm=4),
         "param_server": Link("dealer", required=False),
     }
@@ -61,13 +61,15 @@ class Actor(Node):
         epsilon: float | None = None  # dqn: fixed ε; default Ape-X's schedule over replicas
         epsilon_base: float = 0.4
         epsilon_alpha: float = 7.0
-        max_outbox: int = 4
+        max_outbox: int = 2
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         """Which links a mode needs (checked by ``zmqrl validate``)."""
         policy = spec.args.get("policy", "remote")
         where = ("nodes", spec.name, "links")
+        if spec.args.get("envs", 1) < 1:
+            return [(("nodes", spec.name, "args", "envs"), "must be >= 1")]
         kind = topo.algo.get("kind", "vtrace")
         if policy == "remote":
             return [] if "policy" in spec.links else [(where, "policy: remote needs a 'policy' "
@@ -197,7 +199,7 @@ class Actor(Node):
     def _blocked(self) -> bool:
         return self.awaiting_params or (self.outbox is not None and self.outbox.full)
 
-    on_experience = Node.consumer_error
+    on_experience = Node.on_producer_reply
 
     def on_params(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.PARAMS:

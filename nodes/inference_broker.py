@@ -32,10 +32,10 @@ from zmqrl.unroll import UnrollBuilder
 
 class InferenceBroker(Node):
     binds = {"policy": "router"}
-    # Unrolls wait in our outbox, not in ZeroMQ queues: a small HWM and IMMEDIATE make
-    # a slow or absent learner push back on the actors within a few unrolls.
-    links = {"params": Link("sub", required=False),
-             "experience": Link("dealer", required=False, hwm=4, immediate=True)}
+    # Unrolls go out under the learner's credit (see Outbox); IMMEDIATE keeps them here,
+    # not in a ZeroMQ queue, while no learner is connected.
+    links = {"params": Link("sub", required=False, hwm=4),
+             "experience": Link("dealer", required=False, immediate=True)}
     metrics_interval_s = 1.0
 
     @dataclass
@@ -48,7 +48,7 @@ class InferenceBroker(Node):
         sync_timeout_ms: float = 1000.0
         device: str = "auto"
         unroll: int | None = None  # default: algo.unroll
-        max_outbox: int = 4
+        max_outbox: int = 2  # unrolls waiting for credit before the actors are paused
         client_timeout_s: float = 60.0  # forget a silent actor's half-built unroll
 
     def setup(self) -> None:
@@ -59,6 +59,7 @@ class InferenceBroker(Node):
         self.model.eval()
         self.unroll = self.args.unroll or int(self.ctx.topo.algo.get("unroll", 20))
         self.sync = self.args.mode == "sync"
+        self.awaiting_version = 0
         self.expected_actors = self._expected_actors()
         self.version = 0
         self._latest_params: wire.Message | None = None
@@ -69,6 +70,7 @@ class InferenceBroker(Node):
         self.last_seen: dict[bytes, float] = {}
         self.outbox = Outbox(self, "experience", self.args.max_outbox)
         self._blocked = False
+        self.pauses = 0  # times the learner's backpressure paused the actors
         self.episodes_returns: list[np.ndarray] = []
         self.episodes_lengths: list[np.ndarray] = []
         self.ship = "experience" in self.sockets
@@ -100,12 +102,16 @@ class InferenceBroker(Node):
         if (returns is None) != (lengths is None) or (
                 returns is not None and (returns.ndim != 1 or returns.shape != lengths.shape)):
             raise wire.ProtocolError("'ep_return' and 'ep_length' must come together, same length")
+        if self.ship:
+            # Outcomes are recorded on arrival, so a rollout that this request completes
+            # ships before we act on it (in sync mode: before we wait for new params).
+            self._record_outcome(envelope, msg)
         if not self.pending:
             self.first_pending_at = time.perf_counter()
         self.pending.append((envelope, msg))
         self.pending_envs += n
 
-    on_experience = Node.consumer_error
+    on_experience = Node.on_producer_reply
 
     def on_params(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.PARAMS:
@@ -131,8 +137,14 @@ class InferenceBroker(Node):
 
     def _batch_ready(self) -> bool:
         if self.sync:
-            return len(self.pending) >= self.expected_actors
+            return len(self.pending) >= self.expected_actors and not self._stale_params()
         return self.pending_envs >= self.args.max_batch
+
+    def _stale_params(self) -> bool:
+        """Sync mode: after shipping a rollout, act again only with the parameters the
+        learner made from it (strictly on-policy A2C). A learner that never answers
+        costs ``sync_timeout_ms`` per step, not a deadlock."""
+        return self.version < self.awaiting_version
 
     def poll_timeout_ms(self) -> int:
         if self.pending and self._wait_budget_ms() > 0:
@@ -177,30 +189,36 @@ class InferenceBroker(Node):
                       envelope)
             self.latency.add(now - self.first_pending_at)
             if self.ship:
-                self._record(envelope, msg, a, lp)
+                self._record_action(envelope, a, lp)
         self.env_steps += envs
         self.batches += 1
         self.batch_envs += envs
 
     # ----- unroll assembly ----------------------------------------------------------
-    def _record(self, envelope: list, msg: wire.Message, action: np.ndarray,
-                logp: np.ndarray) -> None:
-        key = b"".join(bytes(f) for f in envelope)
+    @staticmethod
+    def _key(envelope: list) -> bytes:
+        return b"".join(bytes(f) for f in envelope)
+
+    def _record_outcome(self, envelope: list, msg: wire.Message) -> None:
+        key = self._key(envelope)
         n = msg["obs"].shape[0]
         builder = self.unrolls.get(key)
         if builder is None or builder.n != n:
-            builder = self.unrolls[key] = UnrollBuilder(self.spec, self.unroll, n, self.version)
+            builder = self.unrolls[key] = UnrollBuilder(self.spec, self.unroll, n)
         self.last_seen[key] = time.monotonic()
         builder.outcome(msg["reward"], msg["done"])
         returns = msg.arrays.get("ep_return")
         if returns is not None and returns.size:
             self.episodes_returns.append(returns.astype(np.float32))
             self.episodes_lengths.append(msg["ep_length"].astype(np.int32))
-        started_with = builder.version
-        unroll = builder.observe(msg["obs"], self.version)
-        if unroll is not None:
-            self._ship(unroll, started_with)
-        builder.act(action, logp)
+        finished = builder.observe(msg["obs"])
+        if finished is not None:
+            self._ship(*finished)
+
+    def _record_action(self, envelope: list, action: np.ndarray, logp: np.ndarray) -> None:
+        builder = self.unrolls.get(self._key(envelope))
+        if builder is not None:  # None: forgotten as silent meanwhile
+            builder.act(action, logp, self.version)
 
     def _ship(self, unroll: dict[str, np.ndarray], version: int) -> None:
         if self.episodes_returns:
@@ -209,13 +227,15 @@ class InferenceBroker(Node):
             self.episodes_returns, self.episodes_lengths = [], []
         self.outbox.push(wire.encode(wire.UNROLL, unroll, version=version))
         self._update_backpressure()
+        if self.sync and "params" in self.sockets:
+            self.awaiting_version = self.version + 1
 
     def _update_backpressure(self) -> None:
         blocked = self.outbox.full
         if blocked != self._blocked:
             self._blocked = blocked
             self.set_polling("policy", not blocked)
-            self.log.info("learner is behind: pausing actors" if blocked else "resuming actors")
+            self.pauses += blocked  # normal flow control, so a metric rather than a log line
 
     def _load_params(self) -> None:
         msg, self._latest_params = self._latest_params, None
@@ -251,6 +271,7 @@ class InferenceBroker(Node):
             "latency_p50_ms": p50,
             "latency_p99_ms": p99,
             "outbox": len(self.outbox),
+            "backpressure_pauses": self.pauses,
             "actors": len(self.unrolls),
         }
         self.batch_envs = self.batches = 0

@@ -43,7 +43,7 @@ _TRANSITION_KEYS = ("obs", "action", "reward", "discount", "next_obs")
 
 class Learner(Node):
     binds = {"experience": "router", "params": "pub"}
-    port_hwm = {"experience": 8, "params": 4}
+    port_hwm = {"params": 4}  # a subscriber that falls behind gets fresh params, not old
     links = {"replay": Link("dealer", required=False),
              "param_server": Link("dealer", required=False)}
     metrics_interval_s = 1.0
@@ -98,7 +98,7 @@ class Learner(Node):
         self.log.info("%s on %s, batch %d", self.kind, self.device, self.cfg.batch_size)
 
     # ----- unroll path ----------------------------------------------------------------
-    def on_experience(self, _envelope: list, msg: wire.Message) -> None:
+    def on_experience(self, envelope: list, msg: wire.Message) -> None:
         if self.kind not in UNROLL_ALGOS:
             raise wire.ProtocolError(f"this learner ({self.kind}) takes no unrolls")
         if msg.type != wire.UNROLL:
@@ -110,6 +110,10 @@ class Learner(Node):
             self.episodes.add(msg["ep_return"], msg["ep_length"])
         self.queue.append(msg)
         self.queued_columns += n
+        # Credit on receipt (not when trained on): a producer may then have its credit's
+        # worth in flight while we train, and a batch that needs more messages than one
+        # producer's credit can still fill.
+        self.grant_credit("experience", envelope)
 
     def _check_unroll(self, msg: wire.Message) -> None:
         missing = [k for k in _UNROLL_KEYS if k not in msg.arrays]

@@ -74,14 +74,14 @@ class Replay(Node):
                                  a.beta_steps, seed=self.ctx.topo.seed)
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
         self.waiting_samples: deque[tuple[list, int]] = deque()
-        self.waiting_insert: wire.Message | None = None
+        self.waiting_insert: tuple[list, wire.Message] | None = None
         self._mark = (time.monotonic(), 0, 0)
         self.sample_wait_s = 0.0  # time learners spent waiting for a sample
         self.insert_wait_s = 0.0  # time actors' inserts spent waiting
         self._waits_since: dict[str, float] = {}
 
     # ----- inserts ------------------------------------------------------------------
-    def on_experience(self, _envelope: list, msg: wire.Message) -> None:
+    def on_experience(self, envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.INSERT:
             raise wire.ProtocolError(f"experience port takes '{wire.INSERT}', not '{msg.type}'")
         items = {k: v for k, v in msg.arrays.items() if k != "priority"}
@@ -95,19 +95,20 @@ class Replay(Node):
         if self.waiting_insert is not None or not self.limiter.can_insert(n, self.table.size):
             if self.waiting_insert is not None:  # we stopped reading; cannot normally happen
                 raise wire.ProtocolError("insert arrived while another was waiting")
-            self.waiting_insert = msg
+            self.waiting_insert = (envelope, msg)
             self._waits_since["insert"] = time.monotonic()
             self.set_polling("experience", False)
             return
-        self._insert(msg)
+        self._insert(envelope, msg)
 
-    def _insert(self, msg: wire.Message) -> None:
+    def _insert(self, envelope: list, msg: wire.Message) -> None:
         items = {k: v for k, v in msg.arrays.items() if k != "priority"}
         try:
             self.table.insert(items, msg.arrays.get("priority"))
         except ValueError as exc:
             raise wire.ProtocolError(f"insert rejected: {exc}") from None
         self.limiter.on_insert(next(iter(items.values())).shape[0])
+        self.grant_credit("experience", envelope)  # that actor may send its next insert
 
     # ----- samples and priorities ---------------------------------------------------
     def on_sample(self, envelope: list, msg: wire.Message) -> None:
@@ -132,11 +133,12 @@ class Replay(Node):
 
     def after_poll(self) -> None:
         if self.waiting_insert is not None:
-            n = next(v for k, v in self.waiting_insert.arrays.items() if k != "priority").shape[0]
+            envelope, msg = self.waiting_insert
+            n = next(v for k, v in msg.arrays.items() if k != "priority").shape[0]
             if self.limiter.can_insert(n, self.table.size):
-                msg, self.waiting_insert = self.waiting_insert, None
+                self.waiting_insert = None
                 self.insert_wait_s += time.monotonic() - self._waits_since.pop("insert")
-                self._insert(msg)
+                self._insert(envelope, msg)
                 self.set_polling("experience", True)
         while self.waiting_samples:
             envelope, batch_size = self.waiting_samples[0]

@@ -14,9 +14,10 @@ class Sink(Node):
         self.unrolls = 0
         self.env_steps = 0
 
-    def on_experience(self, _envelope: list, msg: wire.Message) -> None:
+    def on_experience(self, envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.UNROLL or "action" not in msg.arrays:
             raise wire.ProtocolError(f"experience port takes unrolls, not '{msg.type}'")
+        self.grant_credit("experience", envelope)
         self.unrolls += 1
         self.env_steps += int(msg["action"].shape[0] * msg["action"].shape[1])
 

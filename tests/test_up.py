@@ -98,13 +98,17 @@ def test_killed_actor_is_restarted_and_experience_flows_again(processes, tmp_pat
 
 
 def test_node_that_keeps_failing_fails_the_run(processes, tmp_path):
-    proc, run_dir, log = start_up(
-        processes, tmp_path,
-        nodes={"actor": {"args": {"policy": "telepathy"}, "max_restarts": 1}},
-    )
+    crashing = {"kind": None, "impl": "tests.nodes_for_tests:CrashingActor", "max_restarts": 1}
+    topo = write_topology(tmp_path, nodes={"actor": crashing})
+    raw = yaml.safe_load(topo.read_text())
+    raw["nodes"]["actor"].pop("kind")
+    topo.write_text(yaml.safe_dump(raw))
+    run_dir, log = tmp_path / "run", tmp_path / "up.log"
+    proc = processes.zmqrl("up", str(topo), "--run-dir", str(run_dir), log=log)
     assert proc.wait(timeout=90) == 1
     out = log.read_text()
-    assert "actor policy 'telepathy' is not supported" in out
+    assert "RuntimeError: crashing on purpose" in out
+    assert "restart 1/1" in out
     assert "actor.0 failed for good" in out or "actor.1 failed for good" in out
     assert pids_with(str(run_dir)) == []
 

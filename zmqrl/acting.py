@@ -50,13 +50,14 @@ class ActorCriticBehaviour:
 
     def act(self, obs: np.ndarray, version: int) -> tuple[np.ndarray, dict | None]:
         """Actions for ``obs``, and a finished unroll (with its version) if one is due."""
-        started_with = self.builder.version
-        unroll = self.builder.observe(obs, version)
+        finished = self.builder.observe(obs)
         action, logp = self.model.act(torch.from_numpy(obs))
         action = action.numpy()
-        self.builder.act(action, logp.numpy())
-        if unroll is not None:
-            unroll["version"] = started_with
+        self.builder.act(action, logp.numpy(), version)
+        if finished is None:
+            return action, None
+        unroll, started_with = finished
+        unroll["version"] = started_with
         return action, unroll
 
     def outcome(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,

@@ -68,26 +68,52 @@ class NoArgs:
 
 
 class Outbox:
-    """Messages for one socket that would not go out yet (its peer's queue is full).
+    """Experience for one consumer, sent under credit-based flow control.
 
-    At most ``limit`` wait here; a producer checks ``full`` and stops producing (stops
-    reading requests, stops stepping envs) until the node loop has flushed it. So a
-    slow consumer costs bounded memory and pushes back, instead of losing data.
+    The consumer (learner, replay) grants one ``credit`` per message it has taken in;
+    we start with ``credit`` and never have more than that many messages unconsumed
+    anywhere between us and it. So the data a consumer trains on is at most that many
+    messages old, whatever the ZeroMQ and kernel buffers could hold (those made a
+    policy lag of ~8 updates with queue bounds alone). Messages that have no credit
+    wait here, at most ``limit`` of them; a producer checks ``full`` and stops
+    producing (stops reading actor requests, stops stepping envs). A slow consumer
+    therefore slows the actors instead of growing memory or losing data.
+
+    Credit lost with a restarted consumer is restored after ``credit_timeout_s``
+    without any grant.
     """
 
-    def __init__(self, node: Node, name: str, limit: int):
+    def __init__(self, node: Node, name: str, limit: int, credit: int = 2,
+                 credit_timeout_s: float = 5.0):
         self.node = node
         self.name = name
         self.limit = limit
+        self.initial_credit = credit
+        self.credit = credit
+        self.credit_timeout_s = credit_timeout_s
+        self._last_grant = time.monotonic()
         self._queue: deque[list] = deque()
 
     def push(self, frames: list) -> None:
         self._queue.append(frames)
         self.flush()
 
+    def grant(self, n: int) -> None:
+        self.credit = min(self.credit + n, self.initial_credit)
+        self._last_grant = time.monotonic()
+        self.flush()
+
     def flush(self) -> None:
-        while self._queue and self.node.send(self.name, self._queue[0], flags=zmq.NOBLOCK):
+        if self._queue and self.credit <= 0 and \
+                time.monotonic() - self._last_grant > self.credit_timeout_s:
+            self.node.log.warning("no credit from '%s' for %.0fs; assuming it restarted",
+                                  self.name, self.credit_timeout_s)
+            self.grant(self.initial_credit)
+        while self._queue and self.credit > 0 and \
+                self.node.send(self.name, self._queue[0], flags=zmq.NOBLOCK):
             self._queue.popleft()
+            self.credit -= 1
+            self._last_grant = min(self._last_grant, time.monotonic())
 
     @property
     def full(self) -> bool:
@@ -220,13 +246,25 @@ class Node:
     def every(self, seconds: float, fn: Callable[[], None]) -> None:
         self._timers.append([time.monotonic() + seconds, seconds, fn])
 
-    def consumer_error(self, _envelope: list, msg: wire.Message) -> None:
-        """Handler for a one-way link (we produce, a consumer binds): the only thing
-        that comes back is an ``error`` reply to a message it rejected. Log it."""
-        if msg.type != wire.ERROR:
-            raise wire.ProtocolError(f"expected only '{wire.ERROR}' replies, got '{msg.type}'")
-        self.bad_messages += 1
-        self.log.error("our message was rejected: %s", msg.fields.get("error"))
+    def on_producer_reply(self, _envelope: list, msg: wire.Message) -> None:
+        """Replies on a producer's ``experience`` link (a node with ``self.outbox``):
+        credit grants for the outbox, and ``error`` for a message the consumer
+        rejected (logged). Producers use it as ``on_experience = on_producer_reply``."""
+        if msg.type == wire.CREDIT:
+            n = msg.fields.get("n")
+            if type(n) is not int or n < 1:
+                raise wire.ProtocolError(f"credit 'n' must be a positive int, got {n!r}")
+            self.outbox.grant(n)
+        elif msg.type == wire.ERROR:
+            self.bad_messages += 1
+            self.log.error("our message was rejected: %s", msg.fields.get("error"))
+        else:
+            raise wire.ProtocolError(f"expected '{wire.CREDIT}' or '{wire.ERROR}', "
+                                     f"got '{msg.type}'")
+
+    def grant_credit(self, name: str, envelope: list, n: int = 1) -> None:
+        """Consumer side of :class:`Outbox`: let that producer send ``n`` more."""
+        self.send(name, wire.encode(wire.CREDIT, n=n), envelope)
 
     # ----- hooks for subclasses -----------------------------------------------------
     def setup(self) -> None:

@@ -18,10 +18,10 @@ class UnrollBuilder:
 
     Per step: ``outcome(reward, done)`` for the previous action (if any), then
     ``observe(obs)`` (which returns a finished unroll when one is complete), then
-    ``act(action, logp)``.
+    ``act(action, logp, version)``.
     """
 
-    def __init__(self, spec: EnvSpec, length: int, n: int, version: int = 0):
+    def __init__(self, spec: EnvSpec, length: int, n: int):
         self.length = length
         self.n = n
         self.obs = np.zeros((length + 1, n, *spec.obs_shape), spec.obs_dtype)
@@ -31,7 +31,7 @@ class UnrollBuilder:
         self.done = np.zeros((length, n), np.bool_)
         self.t = 0  # completed transitions in the current unroll
         self.pending = False  # an action was taken and its outcome not yet recorded
-        self.version = version  # parameter version that started the current unroll
+        self.version = 0  # parameter version that took the current unroll's first action
 
     def outcome(self, reward: np.ndarray, done: np.ndarray) -> None:
         if self.pending:
@@ -40,8 +40,9 @@ class UnrollBuilder:
             self.t += 1
             self.pending = False
 
-    def observe(self, obs: np.ndarray, version: int) -> dict[str, np.ndarray] | None:
-        """Record the current observation; return a finished unroll (copies) if any."""
+    def observe(self, obs: np.ndarray) -> tuple[dict[str, np.ndarray], int] | None:
+        """Record the current observation; return a finished unroll (copies) and the
+        parameter version that took its first action, if one is complete."""
         self.obs[self.t] = obs
         if self.t < self.length:
             return None
@@ -49,10 +50,11 @@ class UnrollBuilder:
                   "reward": self.reward.copy(), "done": self.done.copy()}
         self.obs[0] = obs
         self.t = 0
-        self.version = version
-        return unroll
+        return unroll, self.version
 
-    def act(self, action: np.ndarray, logp: np.ndarray) -> None:
+    def act(self, action: np.ndarray, logp: np.ndarray, version: int) -> None:
+        if self.t == 0:
+            self.version = version  # the unroll's policy lag is measured from here
         self.action[self.t] = action
         self.logp[self.t] = logp
         self.pending = True

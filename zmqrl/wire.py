@@ -48,10 +48,12 @@ BATCH = "batch"  # replay -> learner: ``key``, ``weight`` and the items' arrays
 PRIORITIES = "priorities"  # learner -> replay: ``key`` and new ``priority`` arrays
 GRADS = "grads"  # worker/learner -> parameter server: one array per parameter; reply params
 GET_PARAMS = "get_params"  # anyone -> parameter server: reply ``params``
+CREDIT = "credit"  # consumer -> producer of experience: ``n`` more messages may be sent
 ERROR = "error"  # reply to a rejected message: ``error`` field says why
 
 MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS,
-                           INSERT, SAMPLE, BATCH, PRIORITIES, GRADS, GET_PARAMS, ERROR})
+                           INSERT, SAMPLE, BATCH, PRIORITIES, GRADS, GET_PARAMS, CREDIT,
+                           ERROR})
 REPLY_TO = {PING: PONG, STEP: ACT, SAMPLE: BATCH, GRADS: PARAMS, GET_PARAMS: PARAMS}
 
 _ALLOWED_DTYPES = frozenset(

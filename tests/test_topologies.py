@@ -1,0 +1,76 @@
+"""Every topology in topologies/ runs for real: data crosses every link, the learner
+updates, and the agent learns (a shortened run, not a benchmark: BENCHMARKS.md has
+those)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from zmqrl.topology import Topology, load
+
+from conftest import REPO, read_csv
+
+TOPOLOGIES = sorted(p.stem for p in (REPO / "topologies").glob("*.yaml"))
+# A random policy averages ~22 on CartPole; 150 over 100 episodes is real learning.
+TARGET = 150
+MAX_SECONDS = 180
+
+
+def rows_of(run_dir: Path, node: str) -> list[dict[str, str]]:
+    """Metric rows of every replica of ``node``."""
+    rows = []
+    for path in sorted((run_dir / "metrics").glob("*.csv")):
+        if path.stem == node or path.stem.startswith(f"{node}."):
+            rows += read_csv(path)
+    return rows
+
+
+def moved(rows: list[dict[str, str]], socket: str) -> bool:
+    column = f"{socket}_msgs_per_s"
+    return any(float(r.get(column) or 0) > 0 for r in rows)
+
+
+def assert_data_crossed_every_link(topo: Topology, run_dir: Path) -> None:
+    for name, spec in topo.nodes.items():
+        for link, target in spec.links.items():
+            assert moved(rows_of(run_dir, name), link), f"nothing moved on {name}.{link}"
+            node, port = target.split(".")
+            assert moved(rows_of(run_dir, node), port), f"nothing reached {target}"
+
+
+@pytest.mark.parametrize("name", TOPOLOGIES)
+def test_topology_moves_data_and_learns(name, processes, tmp_path):
+    path = REPO / "topologies" / f"{name}.yaml"
+    topo = load(path)
+    run_dir, log = tmp_path / "run", tmp_path / "up.log"
+    proc = processes.zmqrl("up", str(path), "--run-dir", str(run_dir), "--target-return",
+                           str(TARGET), "--max-seconds", str(MAX_SECONDS), log=log)
+    assert proc.wait(timeout=MAX_SECONDS + 60) == 0, log.read_text()[-3000:]
+    out = log.read_text()
+    reached = re.search(rf"target return {TARGET} reached: mean of the last 100 episodes "
+                        r"([\d.]+)", out)
+    assert reached, f"{name} did not learn:\n{out[-3000:]}"
+    assert_data_crossed_every_link(topo, run_dir)
+    updater = "learner" if "learner" in topo.nodes else "param_server"
+    assert max(int(r["updates"]) for r in rows_of(run_dir, updater)) > 10
+
+
+def test_apex_sampler_swap_is_one_line(processes, tmp_path):
+    """prioritized -> uniform is one changed line of apex.yaml, and that topology runs."""
+    text = (REPO / "topologies" / "apex.yaml").read_text()
+    swapped = text.replace("sampler: prioritized", "sampler: uniform")
+    changed = [a for a, b in zip(text.splitlines(), swapped.splitlines(), strict=True) if a != b]
+    assert len(changed) == 1
+    path = tmp_path / "apex-uniform.yaml"
+    path.write_text(swapped)
+    assert load(path).nodes["replay"].args["sampler"] == "uniform"
+    run_dir, log = tmp_path / "run", tmp_path / "up.log"
+    proc = processes.zmqrl("up", str(path), "--run-dir", str(run_dir), "--max-seconds", "20",
+                           log=log)
+    assert proc.wait(timeout=80) == 0, log.read_text()[-3000:]
+    replay = rows_of(run_dir, "replay")
+    assert int(replay[-1]["samples"]) > 0 and int(replay[-1]["inserts"]) > 0
+    assert max(int(r["updates"]) for r in rows_of(run_dir, "learner")) > 10
