@@ -149,10 +149,7 @@ class Actor(Node):
         self.send("policy", frames)
 
     def on_policy(self, _envelope: list, msg: wire.Message) -> None:
-        if msg.type == wire.ERROR:
-            raise RuntimeError(f"policy rejected our step: {msg.fields.get('error')}")
-        if msg.type != wire.ACT:
-            raise wire.ProtocolError(f"expected '{wire.ACT}', got '{msg.type}'")
+        self.expect_reply(msg, wire.ACT, "the policy")
         if msg.fields.get("seq") != self.seq:
             return  # a late reply to a request we already gave up on
         self.latency.add(time.perf_counter() - self.sent_at)
@@ -207,11 +204,7 @@ class Actor(Node):
         self._load_params(msg)
 
     def on_param_server(self, _envelope: list, msg: wire.Message) -> None:
-        if msg.type == wire.ERROR:
-            raise RuntimeError(f"parameter server rejected our gradients: "
-                               f"{msg.fields.get('error')}")
-        if msg.type != wire.PARAMS:
-            raise wire.ProtocolError(f"expected '{wire.PARAMS}', got '{msg.type}'")
+        self.expect_reply(msg, wire.PARAMS, "the parameter server")
         self._load_params(msg)
         self.awaiting_params = False
 

@@ -153,10 +153,7 @@ class Learner(Node):
         self.in_flight += 1
 
     def on_replay(self, _envelope: list, msg: wire.Message) -> None:
-        if msg.type == wire.ERROR:
-            raise RuntimeError(f"replay rejected our request: {msg.fields.get('error')}")
-        if msg.type != wire.BATCH:
-            raise wire.ProtocolError(f"replay link takes '{wire.BATCH}', not '{msg.type}'")
+        self.expect_reply(msg, wire.BATCH, "the replay")
         missing = [k for k in (*_TRANSITION_KEYS, "key", "weight") if k not in msg.arrays]
         if missing:
             raise wire.ProtocolError(f"batch lacks {', '.join(missing)}")
@@ -186,11 +183,7 @@ class Learner(Node):
             self._request_sample()
 
     def on_param_server(self, _envelope: list, msg: wire.Message) -> None:
-        if msg.type == wire.ERROR:
-            raise RuntimeError(f"parameter server rejected our gradients: "
-                               f"{msg.fields.get('error')}")
-        if msg.type != wire.PARAMS:
-            raise wire.ProtocolError(f"expected '{wire.PARAMS}', got '{msg.type}'")
+        self.expect_reply(msg, wire.PARAMS, "the parameter server")
         load_state_arrays(self.model, msg.arrays)
         self.awaiting_params = False
         self.algo.after_update()  # our step counter and target network follow the server's

@@ -262,6 +262,16 @@ class Node:
             raise wire.ProtocolError(f"expected '{wire.CREDIT}' or '{wire.ERROR}', "
                                      f"got '{msg.type}'")
 
+    @staticmethod
+    def expect_reply(msg: wire.Message, msg_type: str, peer: str) -> None:
+        """Check a reply to our own request: an ``error`` means we sent something wrong
+        (a bug or a mismatched topology, so raise and let the restart policy act); any
+        other unexpected type is the peer's fault (a protocol error, logged)."""
+        if msg.type == wire.ERROR:
+            raise RuntimeError(f"{peer} rejected our request: {msg.fields.get('error')}")
+        if msg.type != msg_type:
+            raise wire.ProtocolError(f"expected '{msg_type}' from {peer}, got '{msg.type}'")
+
     def grant_credit(self, name: str, envelope: list, n: int = 1) -> None:
         """Consumer side of :class:`Outbox`: let that producer send ``n`` more."""
         self.send(name, wire.encode(wire.CREDIT, n=n), envelope)
