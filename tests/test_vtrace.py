@@ -158,3 +158,24 @@ def test_impala_loss_terms_are_finite_floats():
     assert terms["loss_baseline"] > 0 and terms["loss_entropy"] < 0
     expected_policy = -(vt.pg_advantages * tlogp.detach()).mean().item()
     assert terms["loss_policy"] == pytest.approx(expected_policy)
+
+
+def test_light_adam_matches_torch_adam():
+    from zmqrl.algos.optim import LightAdam
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(5, 3)
+    b = torch.nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    start = a.weight.detach().clone()
+    opt_a = torch.optim.Adam(a.parameters(), lr=1e-2, eps=1e-5)
+    opt_b = LightAdam(b.parameters(), lr=1e-2, eps=1e-5)
+    for _ in range(20):
+        x = torch.randn(8, 5)
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.allclose(pa, pb, atol=1e-6)
+    assert (a.weight - start).abs().max() > 1e-3  # it did train

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 
+from zmqrl.algos.optim import make_adam
+
 
 class VTraceReturns(NamedTuple):
     vs: torch.Tensor  # [T, B] V-trace value targets
@@ -90,7 +92,11 @@ def impala_loss(
 
 @dataclass
 class VTraceConfig:
-    """Hyperparameters of the V-trace learner (the topology's ``algo`` section)."""
+    """Hyperparameters of the V-trace learner (the topology's ``algo`` section).
+
+    The defaults are V-trace and the IMPALA loss as in the paper; the knobs after
+    ``adam_eps`` are optional extras (each off by default).
+    """
 
     kind: str = "vtrace"
     unroll: int = 20  # steps per unroll; the broker assembles unrolls this long
@@ -107,6 +113,16 @@ class VTraceConfig:
     minibatches: int = 1  # column splits per pass
     normalize_advantages: bool = False
     adam_eps: float = 1e-5
+    # Rewards are multiplied by this before V-trace (values learn the scaled return).
+    reward_scale: float = 1.0
+    # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
+    # learner start-up (see there).
+    light_adam: bool = False
+    # Clipped surrogate (PPO/IMPACT style) in place of the IMPALA policy term: with
+    # epsilon set, the policy loss is -min(r A, clip(r, 1-eps, 1+eps) A), r = pi/mu,
+    # A = r_s + gamma_s v_{s+1} - V(x_s) from the V-trace targets (rho not applied, r
+    # carries it). A trust region that makes several epochs per batch safe.
+    ppo_clip: float | None = None
 
 
 class VTraceLearner:
@@ -115,7 +131,8 @@ class VTraceLearner:
     def __init__(self, cfg: VTraceConfig, model: torch.nn.Module):
         self.cfg = cfg
         self.model = model
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = make_adam(model.parameters(), cfg.lr, cfg.adam_eps, cfg.light_adam)
+
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """``batch``: obs [T+1, B, ...], action/logp/reward/done [T, B]."""
@@ -128,6 +145,22 @@ class VTraceLearner:
                 terms = self._step({k: v[:, idx] for k, v in batch.items()})
         return terms
 
+    def _clipped_loss(self, behaviour_logp, target_logp, entropy, values, returns):
+        cfg = self.cfg
+        adv = returns.pg_advantages.detach()
+        ratio = torch.exp(target_logp - behaviour_logp)
+        surrogate = torch.min(ratio * adv,
+                              torch.clamp(ratio, 1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * adv)
+        loss_policy = -surrogate.mean()
+        loss_baseline = cfg.baseline_cost * 0.5 * ((returns.vs.detach() - values) ** 2).mean()
+        loss_entropy = -cfg.entropy_cost * entropy.mean()
+        loss = loss_policy + loss_baseline + loss_entropy
+        with torch.no_grad():
+            clipped = ((ratio - 1).abs() > cfg.ppo_clip).float().mean()
+        return loss, {"loss_policy": loss_policy.item(), "loss_baseline": loss_baseline.item(),
+                      "loss_entropy": loss_entropy.item(), "loss_total": loss.item(),
+                      "clip_frac": clipped.item()}
+
     def _step(self, mb: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg = self.cfg
         T, B = mb["action"].shape[:2]
@@ -139,13 +172,24 @@ class VTraceLearner:
         target_logp = logp_all.gather(-1, mb["action"].long().unsqueeze(-1)).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         discounts = cfg.discount * (~mb["done"].bool()).float()
-        returns = vtrace(mb["logp"], target_logp.detach(), mb["reward"], values[:T].detach(),
+        rewards = mb["reward"].float()
+        if cfg.reward_scale != 1.0:
+            rewards = rewards * cfg.reward_scale
+        returns = vtrace(mb["logp"], target_logp.detach(), rewards, values[:T].detach(),
                          values[T].detach(), discounts, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho)
+        if cfg.ppo_clip is not None:  # the surrogate's ratio replaces the rho weight
+            next_vs = torch.cat([returns.vs[1:], values[T].detach().unsqueeze(0)], dim=0)
+            returns = returns._replace(
+                pg_advantages=rewards + discounts * next_vs - values[:T].detach())
         if cfg.normalize_advantages:
             adv = returns.pg_advantages
             returns = returns._replace(pg_advantages=(adv - adv.mean()) / (adv.std() + 1e-8))
-        loss, terms = impala_loss(target_logp, entropy, values[:T], returns,
-                                  cfg.baseline_cost, cfg.entropy_cost)
+        if cfg.ppo_clip is not None:
+            loss, terms = self._clipped_loss(mb["logp"], target_logp, entropy, values[:T],
+                                             returns)
+        else:
+            loss, terms = impala_loss(target_logp, entropy, values[:T], returns,
+                                      cfg.baseline_cost, cfg.entropy_cost)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
