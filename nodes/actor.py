@@ -132,6 +132,8 @@ class Actor(Node):
         n = self.args.envs
         self.reward = np.zeros(n, np.float32)
         self.done = np.zeros(n, np.bool_)
+        self.truncated = np.zeros(n, np.bool_)
+        self.final_obs = np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
         self.finished = (np.empty(0, np.float32), np.empty(0, np.int32))
         self.seq = 0
         self.latency = LatencyReservoir()
@@ -142,6 +144,7 @@ class Actor(Node):
         frames = wire.encode(
             wire.STEP,
             {"obs": self.obs, "reward": self.reward, "done": self.done,
+             "truncated": self.truncated, "final_obs": self.final_obs,
              "ep_return": self.finished[0], "ep_length": self.finished[1]},
             seq=self.seq,
         )
@@ -156,8 +159,12 @@ class Actor(Node):
         actions = msg.arrays.get("action")
         if actions is None or actions.shape[:1] != (self.args.envs,):
             raise wire.ProtocolError(f"act needs 'action' for {self.args.envs} envs")
-        self.obs, self.reward, terminated, truncated, _, *self.finished = self._env_step(actions)
+        self.obs, self.reward, terminated, truncated, info, *self.finished = \
+            self._env_step(actions)
         self.done = terminated | truncated
+        self.truncated = truncated & ~terminated
+        self.final_obs = _final_obs(info, self.truncated, self.spec.obs_shape,
+                                    self.spec.obs_dtype)
         self._send_step()
 
     # ----- local policy (IMPALA, A3C, Ape-X, Gorila) --------------------------------
@@ -173,7 +180,9 @@ class Actor(Node):
         self.pending_lengths: list[np.ndarray] = []
         if kind in UNROLL_ALGOS:
             unroll = int(topo.algo.get("unroll", 20))
-            self.behaviour: Any = ActorCriticBehaviour(self.spec, self.model, unroll, n)
+            self.behaviour: Any = ActorCriticBehaviour(
+                self.spec, self.model, unroll, n, float(topo.algo.get("discount", 0.99)),
+                float(topo.algo.get("reward_scale", 1.0)))
             if "param_server" in self.sockets:  # A3C worker: gradients, not experience
                 self.worker = make_algo(topo.algo, self.model)
         elif kind in REPLAY_ALGOS:
@@ -212,7 +221,12 @@ class Actor(Node):
         version = msg.fields.get("version")
         if type(version) is not int or version <= self.version:
             return
-        load_state_arrays(self.model, msg.arrays)
+        try:
+            load_state_arrays(self.model, msg.arrays)
+        except (RuntimeError, KeyError, ValueError) as exc:  # keep acting with what we have
+            self.bad_messages += 1
+            self.log.error("rejected params version %d: %s", version, exc)
+            return
         self.version = version
 
     def after_poll(self) -> None:
@@ -244,10 +258,11 @@ class Actor(Node):
             self.pending_returns.append(returns)
             self.pending_lengths.append(lengths)
         final_next = next_obs
-        if "_final_obs" in info and info["_final_obs"].any():
-            final_next = next_obs.copy()  # n-step targets bootstrap from the final obs
-            for i in np.flatnonzero(info["_final_obs"]):
-                final_next[i] = info["final_obs"][i]
+        ended = terminated | truncated
+        if ended.any():  # transitions that ended bootstrap from the final observation
+            final_next = next_obs.copy()
+            final_next[ended] = _final_obs(info, ended, self.spec.obs_shape,
+                                           self.spec.obs_dtype)
         self.behaviour.outcome(obs, action, reward, terminated, truncated, final_next)
         self.obs = next_obs
         if isinstance(self.behaviour, EpsilonGreedyBehaviour):
@@ -274,3 +289,10 @@ class Actor(Node):
                                               env_steps=env_steps))
         self.sent_at = time.perf_counter()
         self.awaiting_params = True
+
+
+def _final_obs(info: dict, mask: np.ndarray, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The final observations of the envs in ``mask`` (SAME_STEP autoreset puts them in
+    ``info["final_obs"]``, since the returned observation already starts a new episode)."""
+    rows = [info["final_obs"][i] for i in np.flatnonzero(mask)]
+    return np.asarray(rows, dtype).reshape(len(rows), *shape)

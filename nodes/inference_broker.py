@@ -24,7 +24,7 @@ import torch
 from zmqrl import wire
 from zmqrl.envs import env_spec
 from zmqrl.metrics import LatencyReservoir
-from zmqrl.models import build_model, load_state_arrays, pick_device
+from zmqrl.models import bootstrap_truncated, build_model, load_state_arrays, pick_device
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.topology import NodeSpec, Topology
 from zmqrl.unroll import UnrollBuilder
@@ -58,6 +58,8 @@ class InferenceBroker(Node):
         self.model = build_model(self.ctx.topo.model, self.spec, self.ctx.topo.seed).to(self.device)
         self.model.eval()
         self.unroll = self.args.unroll or int(self.ctx.topo.algo.get("unroll", 20))
+        self.discount = float(self.ctx.topo.algo.get("discount", 0.99))
+        self.reward_scale = float(self.ctx.topo.algo.get("reward_scale", 1.0))
         self.sync = self.args.mode == "sync"
         self.awaiting_version = 0
         self.expected_actors = self._expected_actors()
@@ -98,6 +100,14 @@ class InferenceBroker(Node):
         for key in ("reward", "done"):
             if key not in msg.arrays or msg.arrays[key].shape != (n,):
                 raise wire.ProtocolError(f"step needs '{key}' of shape [{n}]")
+        truncated, final_obs = msg.arrays.get("truncated"), msg.arrays.get("final_obs")
+        if (truncated is None) != (final_obs is None) or truncated is not None and (
+                truncated.shape != (n,) or truncated.dtype != np.bool_
+                or final_obs.shape != (int(truncated.sum()), *self.spec.obs_shape)
+                or final_obs.dtype != self.spec.obs_dtype):
+            raise wire.ProtocolError("'truncated' (bool [n]) and 'final_obs' (one "
+                                     f"{self.spec.obs_dtype} observation per truncated env) "
+                                     "must come together")
         returns, lengths = msg.arrays.get("ep_return"), msg.arrays.get("ep_length")
         if (returns is None) != (lengths is None) or (
                 returns is not None and (returns.ndim != 1 or returns.shape != lengths.shape)):
@@ -206,7 +216,12 @@ class InferenceBroker(Node):
         if builder is None or builder.n != n:
             builder = self.unrolls[key] = UnrollBuilder(self.spec, self.unroll, n)
         self.last_seen[key] = time.monotonic()
-        builder.outcome(msg["reward"], msg["done"])
+        reward = msg["reward"]
+        truncated, final_obs = msg.arrays.get("truncated"), msg.arrays.get("final_obs")
+        if truncated is not None and final_obs is not None:
+            reward = bootstrap_truncated(reward, truncated, final_obs, self.model,
+                                         self.discount, self.reward_scale)
+        builder.outcome(reward, msg["done"])
         returns = msg.arrays.get("ep_return")
         if returns is not None and returns.size:
             self.episodes_returns.append(returns.astype(np.float32))

@@ -54,6 +54,7 @@ class Learner(Node):
         publish_every: int = 1  # updates between parameter broadcasts
         checkpoint_every: int = 200  # updates between checkpoints (0: only at exit)
         prefetch: int = 2  # replay sample requests kept in flight
+        request_timeout_s: float = 10.0  # replay / parameter server silent this long: resend
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -91,6 +92,7 @@ class Learner(Node):
         self.batches: deque[wire.Message] = deque()
         self.in_flight = 0
         self.awaiting_params = False
+        self.last_reply = time.monotonic()
         if "replay" in self.sockets:
             for _ in range(self.args.prefetch):
                 self._request_sample()
@@ -157,10 +159,20 @@ class Learner(Node):
         missing = [k for k in (*_TRANSITION_KEYS, "key", "weight") if k not in msg.arrays]
         if missing:
             raise wire.ProtocolError(f"batch lacks {', '.join(missing)}")
-        self.in_flight -= 1
+        self.in_flight = max(0, self.in_flight - 1)
+        self.last_reply = time.monotonic()
         self.batches.append(msg)
 
     def _train_replay(self) -> None:
+        if (self.in_flight or self.awaiting_params) and \
+                time.monotonic() - self.last_reply > self.args.request_timeout_s:
+            # A restarted replay or parameter server lost our requests: ask again.
+            self.log.warning("no reply in %.0fs; reconnecting", self.args.request_timeout_s)
+            for name in ("replay", "param_server"):
+                if name in self.sockets:
+                    self.reopen(name)
+            self.in_flight, self.awaiting_params = 0, False
+            self.last_reply = time.monotonic()
         while self.batches and not self.awaiting_params:
             msg = self.batches.popleft()
             batch = {k: torch.from_numpy(np.array(msg[k])).to(self.device)
@@ -186,6 +198,7 @@ class Learner(Node):
         self.expect_reply(msg, wire.PARAMS, "the parameter server")
         load_state_arrays(self.model, msg.arrays)
         self.awaiting_params = False
+        self.last_reply = time.monotonic()
         self.algo.after_update()  # our step counter and target network follow the server's
         self.updates += 1
 

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from zmqrl import wire
-from zmqrl.algos import make_algo
+from zmqrl.algos import ALGOS, make_algo
 from zmqrl.envs import env_spec
 from zmqrl.models import build_model, pick_device, state_arrays
 from zmqrl.node import Node
+from zmqrl.topology import NodeSpec, Topology
 
 
 class ParamServer(Node):
@@ -31,6 +32,15 @@ class ParamServer(Node):
     class Args:
         device: str = "cpu"
         publish_every: int = 1
+
+    @classmethod
+    def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
+        kind = topo.algo.get("kind", "vtrace")
+        if kind in ALGOS and not hasattr(ALGOS[kind][1], "apply_gradients"):
+            usable = [k for k, (_, learner) in ALGOS.items() if hasattr(learner, "apply_gradients")]
+            return [(("algo", "kind"), f"a parameter server cannot apply '{kind}' gradients "
+                                       f"(use one of: {', '.join(usable)})")]
+        return []
 
     def setup(self) -> None:
         torch.set_num_threads(1)

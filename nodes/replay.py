@@ -118,7 +118,10 @@ class Replay(Node):
                 raise wire.ProtocolError("priorities needs 'key' and 'priority' of one length")
             if not np.all(prios >= 0):
                 raise wire.ProtocolError("priorities must be >= 0")
-            self.table.update_priorities(keys.astype(np.int64), prios)
+            try:
+                self.table.update_priorities(keys.astype(np.int64), prios)
+            except ValueError as exc:  # keys we never issued, non-finite priorities
+                raise wire.ProtocolError(f"priorities rejected: {exc}") from None
             return
         if msg.type != wire.SAMPLE:
             raise wire.ProtocolError(f"sample port takes '{wire.SAMPLE}' or "
@@ -138,8 +141,13 @@ class Replay(Node):
             if self.limiter.can_insert(n, self.table.size):
                 self.waiting_insert = None
                 self.insert_wait_s += time.monotonic() - self._waits_since.pop("insert")
-                self._insert(envelope, msg)
                 self.set_polling("experience", True)
+                try:
+                    self._insert(envelope, msg)
+                except wire.ProtocolError as exc:  # as _drain would have handled it
+                    self.bad_messages += 1
+                    self.log.error("rejected message on 'experience': %s", exc)
+                    self.send("experience", wire.error_reply(str(exc)), envelope)
         while self.waiting_samples:
             envelope, batch_size = self.waiting_samples[0]
             if not self.limiter.can_sample(batch_size, self.table.size):

@@ -86,13 +86,17 @@ def test_killed_actor_is_restarted_and_experience_flows_again(processes, tmp_pat
                               .read_bytes().replace(b"\0", b" ")], 10, "actor.0's pid")[0]
     os.kill(actor, signal.SIGKILL)
     actor_log = run_dir / "logs" / "actor.0.log"
+    actor_csv = run_dir / "metrics" / "actor.0.csv"
     wait_for(lambda: actor_log.read_text().count("up (incarnation") == 2, 30,
              "actor.0 to come back")
     assert "actor.0 exited with -9; restart 1/" in log.read_text()
-    steps_before = int(read_csv(run_dir / "metrics" / "broker.csv")[-1]["env_steps"])
-    wait_for(lambda: int(read_csv(run_dir / "metrics" / "actor.0.csv")[-1]["env_steps"]) > 0
-             and int(read_csv(run_dir / "metrics" / "broker.csv")[-1]["env_steps"])
-             > steps_before, 20, "the new actor's experience to flow")
+    def last(node: str) -> int:
+        rows = read_csv(run_dir / "metrics" / f"{node}.csv")
+        return int(rows[-1]["env_steps"]) if rows else 0
+
+    broker_before, actor_rows_before = last("broker"), len(read_csv(actor_csv))
+    wait_for(lambda: len(read_csv(actor_csv)) > actor_rows_before and last("actor.0") > 0
+             and last("broker") > broker_before, 20, "the new actor's experience to flow")
     assert proc.poll() is None
     stop_process(proc)
 

@@ -16,6 +16,7 @@ import torch
 
 from zmqrl.algos.dqn import NStepAccumulator, td_priorities
 from zmqrl.envs import EnvSpec
+from zmqrl.models import bootstrap_truncated
 from zmqrl.unroll import UnrollBuilder
 
 
@@ -44,9 +45,12 @@ class EpisodeTracker:
 
 
 class ActorCriticBehaviour:
-    def __init__(self, spec: EnvSpec, model: torch.nn.Module, unroll: int, n: int):
+    def __init__(self, spec: EnvSpec, model: torch.nn.Module, unroll: int, n: int,
+                 discount: float, reward_scale: float = 1.0):
         self.model = model
         self.builder = UnrollBuilder(spec, unroll, n)
+        self.discount = discount
+        self.reward_scale = reward_scale
 
     def act(self, obs: np.ndarray, version: int) -> tuple[np.ndarray, dict | None]:
         """Actions for ``obs``, and a finished unroll (with its version) if one is due."""
@@ -62,6 +66,9 @@ class ActorCriticBehaviour:
 
     def outcome(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
                 terminated: np.ndarray, truncated: np.ndarray, next_obs: np.ndarray) -> None:
+        cut = truncated & ~terminated
+        reward = bootstrap_truncated(reward, cut, next_obs[cut], self.model, self.discount,
+                                     self.reward_scale)
         self.builder.outcome(reward, terminated | truncated)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,15 @@ class CsvLog:
                 ]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._columns = columns
-        self._file = open(self.path, "w", newline="")  # kept open between rows
+        # Rewrite beside the file and rename, so a reader never sees it half written.
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, columns, restval="")
+            writer.writeheader()
+            writer.writerows(old_rows)
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", newline="")  # kept open between rows
         self._writer = csv.DictWriter(self._file, columns, restval="")
-        self._writer.writeheader()
-        self._writer.writerows(old_rows)
 
     def close(self) -> None:
         if self._file is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -54,6 +55,29 @@ class ActorCritic(nn.Module):
         logp_all = torch.log_softmax(self.policy(obs.reshape(obs.shape[0], -1)), dim=-1)
         action = torch.multinomial(logp_all.exp(), 1)
         return action.squeeze(-1), logp_all.gather(-1, action).squeeze(-1)
+
+
+    @torch.inference_mode()
+    def state_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """V(obs) [N]: what a time-limit truncation bootstraps from."""
+        return self.value(obs.reshape(obs.shape[0], -1)).squeeze(-1)
+
+
+def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray,
+                        model: nn.Module, discount: float, reward_scale: float = 1.0
+                        ) -> np.ndarray:
+    """Rewards with ``discount * V(final_obs)`` added where an episode was cut by a time
+    limit rather than ended (SB3 does the same). The episode end still cuts the trace
+    (done stays true), so the learner needs no special case; ``final_obs`` holds the
+    final observations of the truncated envs, in order. V predicts returns in the
+    learner's scaled units, so it is divided by ``reward_scale`` here."""
+    if not truncated.any():
+        return reward
+    device = next(model.parameters()).device
+    values = model.state_values(torch.from_numpy(np.array(final_obs)).to(device))
+    out = np.array(reward, np.float32)
+    out[truncated] += discount * values.float().cpu().numpy() / reward_scale
+    return out
 
 
 MODEL_KINDS = {"mlp": ActorCritic}

@@ -91,7 +91,7 @@ class Outbox:
         self.initial_credit = credit
         self.credit = credit
         self.credit_timeout_s = credit_timeout_s
-        self._last_grant = time.monotonic()
+        self._starved_since: float | None = None  # out of credit with messages waiting
         self._queue: deque[list] = deque()
 
     def push(self, frames: list) -> None:
@@ -100,20 +100,22 @@ class Outbox:
 
     def grant(self, n: int) -> None:
         self.credit = min(self.credit + n, self.initial_credit)
-        self._last_grant = time.monotonic()
+        self._starved_since = None
         self.flush()
 
     def flush(self) -> None:
-        if self._queue and self.credit <= 0 and \
-                time.monotonic() - self._last_grant > self.credit_timeout_s:
-            self.node.log.warning("no credit from '%s' for %.0fs; assuming it restarted",
-                                  self.name, self.credit_timeout_s)
-            self.grant(self.initial_credit)
         while self._queue and self.credit > 0 and \
                 self.node.send(self.name, self._queue[0], flags=zmq.NOBLOCK):
             self._queue.popleft()
             self.credit -= 1
-            self._last_grant = min(self._last_grant, time.monotonic())
+        if not self._queue or self.credit > 0:
+            self._starved_since = None
+        elif self._starved_since is None:
+            self._starved_since = time.monotonic()
+        elif time.monotonic() - self._starved_since > self.credit_timeout_s:
+            self.node.log.warning("no credit from '%s' for %.0fs; assuming it restarted",
+                                  self.name, self.credit_timeout_s)
+            self.grant(self.initial_credit)
 
     @property
     def full(self) -> bool:
