@@ -62,14 +62,19 @@ class Actor(Node):
         epsilon_base: float = 0.4
         epsilon_alpha: float = 7.0
         max_outbox: int = 2
+        # remote: split the envs into this many lanes, each with its own request in
+        # flight, so stepping one lane overlaps the broker's inference for another.
+        lanes: int = 1
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         """Which links a mode needs (checked by ``zmqrl validate``)."""
         policy = spec.args.get("policy", "remote")
         where = ("nodes", spec.name, "links")
-        if spec.args.get("envs", 1) < 1:
+        if spec.args.get("envs", 8) < 1:
             return [(("nodes", spec.name, "args", "envs"), "must be >= 1")]
+        if not 1 <= spec.args.get("lanes", 1) <= spec.args.get("envs", 8):
+            return [(("nodes", spec.name, "args", "lanes"), "must be between 1 and envs")]
         kind = topo.algo.get("kind", "vtrace")
         if policy == "remote":
             return [] if "policy" in spec.links else [(where, "policy: remote needs a 'policy' "
@@ -85,17 +90,10 @@ class Actor(Node):
         return []
 
     def setup(self) -> None:
-        if self.args.envs < 1:
-            raise ValueError(f"actor envs must be >= 1, got {self.args.envs}")
         torch.set_num_threads(1)
-        n = self.args.envs
         topo = self.ctx.topo
         self.seed = topo.seed + 10_000 * (self.ctx.replica + 1)
         self.spec = env_spec(topo.env)
-        self.env = make_vector_env(topo.env, n, self.seed)
-        self.obs, _ = self.env.reset(seed=self.seed)
-        self.obs = self.obs.astype(self.spec.obs_dtype, copy=False)
-        self.episodes = EpisodeTracker(n)
         self.env_steps = 0
         self.version = 0
         if self.args.policy == "remote":
@@ -106,8 +104,14 @@ class Actor(Node):
             raise ValueError(f"actor policy '{self.args.policy}' is not supported "
                              "(use remote or local)")
 
+    def _make_envs(self, n: int, seed: int) -> tuple[Any, np.ndarray, EpisodeTracker]:
+        env = make_vector_env(self.ctx.topo.env, n, seed)
+        obs, _ = env.reset(seed=seed)
+        return env, obs.astype(self.spec.obs_dtype, copy=False), EpisodeTracker(n)
+
     def teardown(self) -> None:
-        self.env.close()
+        for env in self.envs:
+            env.close()
 
     def metrics(self) -> dict[str, Any]:
         row: dict[str, Any] = {"env_steps": self.env_steps, "param_version": self.version}
@@ -117,11 +121,12 @@ class Actor(Node):
             row["outbox"] = len(self.outbox) if self.outbox else 0
         return row
 
-    def _env_step(self, action: np.ndarray) -> tuple[np.ndarray, ...]:
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.env_steps += self.args.envs
+    def _env_step(self, env: Any, episodes: EpisodeTracker,
+                  action: np.ndarray) -> tuple[np.ndarray, ...]:
+        obs, reward, terminated, truncated, info = env.step(action)
+        self.env_steps += len(action)
         reward = reward.astype(np.float32, copy=False)
-        returns, lengths = self.episodes.step(reward, terminated | truncated)
+        returns, lengths = episodes.step(reward, terminated | truncated)
         if len(returns):
             self.episode_log.extend(returns.tolist())
         return obs.astype(self.spec.obs_dtype, copy=False), reward, terminated, truncated, \
@@ -129,47 +134,54 @@ class Actor(Node):
 
     # ----- remote policy (SEED) -----------------------------------------------------
     def _setup_remote(self) -> None:
-        n = self.args.envs
-        self.reward = np.zeros(n, np.float32)
-        self.done = np.zeros(n, np.bool_)
-        self.truncated = np.zeros(n, np.bool_)
-        self.final_obs = np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
-        self.finished = (np.empty(0, np.float32), np.empty(0, np.int32))
-        self.seq = 0
         self.latency = LatencyReservoir()
-        self._send_step()
+        self.lanes = []
+        sizes = np.array_split(np.arange(self.args.envs), self.args.lanes)
+        for i, envs in enumerate(sizes):
+            # Lane 0 uses the 'policy' socket; each further lane gets its own connection,
+            # which the broker sees as one more actor.
+            socket = "policy" if i == 0 else self.open_link("policy", f"policy_{i}")
+            env, obs, episodes = self._make_envs(len(envs), self.seed + 1000 * i)
+            lane = _Lane(socket, env, episodes, obs, len(envs), self.spec)
+            self.lanes.append(lane)
+            self.set_handler(socket, lambda envelope, msg, lane=lane: self._on_act(lane, msg))
+        self.envs = [lane.env for lane in self.lanes]
+        for lane in self.lanes:
+            self._send_step(lane)
 
-    def _send_step(self) -> None:
-        self.seq += 1
-        frames = wire.encode(
-            wire.STEP,
-            {"obs": self.obs, "reward": self.reward, "done": self.done,
-             "truncated": self.truncated, "final_obs": self.final_obs,
-             "ep_return": self.finished[0], "ep_length": self.finished[1]},
-            seq=self.seq,
-        )
-        self.sent_at = time.perf_counter()
-        self.send("policy", frames)
+    def _send_step(self, lane: _Lane) -> None:
+        lane.seq += 1
+        arrays = {"obs": lane.obs, "reward": lane.reward, "done": lane.done}
+        # The optional arrays only when they say something: each costs encode/decode time.
+        if lane.truncated.any():
+            arrays["truncated"], arrays["final_obs"] = lane.truncated, lane.final_obs
+        if len(lane.finished[0]):
+            arrays["ep_return"], arrays["ep_length"] = lane.finished
+        frames = wire.encode(wire.STEP, arrays, seq=lane.seq)
+        lane.sent_at = time.perf_counter()
+        self.send(lane.socket, frames)
 
-    def on_policy(self, _envelope: list, msg: wire.Message) -> None:
+    def _on_act(self, lane: _Lane, msg: wire.Message) -> None:
         self.expect_reply(msg, wire.ACT, "the policy")
-        if msg.fields.get("seq") != self.seq:
+        if msg.fields.get("seq") != lane.seq:
             return  # a late reply to a request we already gave up on
-        self.latency.add(time.perf_counter() - self.sent_at)
+        self.latency.add(time.perf_counter() - lane.sent_at)
         actions = msg.arrays.get("action")
-        if actions is None or actions.shape[:1] != (self.args.envs,):
-            raise wire.ProtocolError(f"act needs 'action' for {self.args.envs} envs")
-        self.obs, self.reward, terminated, truncated, info, *self.finished = \
-            self._env_step(actions)
-        self.done = terminated | truncated
-        self.truncated = truncated & ~terminated
-        self.final_obs = _final_obs(info, self.truncated, self.spec.obs_shape,
+        if actions is None or actions.shape[:1] != (lane.n,):
+            raise wire.ProtocolError(f"act needs 'action' for {lane.n} envs")
+        lane.obs, lane.reward, terminated, truncated, info, *lane.finished = \
+            self._env_step(lane.env, lane.episodes, actions)
+        lane.done = terminated | truncated
+        lane.truncated = truncated & ~terminated
+        lane.final_obs = _final_obs(info, lane.truncated, self.spec.obs_shape,
                                     self.spec.obs_dtype)
-        self._send_step()
+        self._send_step(lane)
 
     # ----- local policy (IMPALA, A3C, Ape-X, Gorila) --------------------------------
     def _setup_local(self) -> None:
         topo, n = self.ctx.topo, self.args.envs
+        self.env, self.obs, self.episodes = self._make_envs(n, self.seed)
+        self.envs = [self.env]
         kind = topo.algo.get("kind", "vtrace")
         self.model = build_model(topo.model, self.spec, topo.seed)
         self.model.eval()
@@ -231,11 +243,13 @@ class Actor(Node):
 
     def after_poll(self) -> None:
         if self.args.policy == "remote":
-            if time.perf_counter() - self.sent_at > self.args.request_timeout_s:
-                self.log.warning("no reply in %.1fs; reconnecting and resending",
-                                 self.args.request_timeout_s)
-                self.reopen("policy")
-                self._send_step()
+            for lane in self.lanes:
+                if time.perf_counter() - lane.sent_at > self.args.request_timeout_s:
+                    self.log.warning("no reply in %.1fs; reconnecting and resending",
+                                     self.args.request_timeout_s)
+                    self.reopen(lane.socket)
+                    lane.reward[:] = 0.0  # the lost step's outcome has no unroll to go to
+                    self._send_step(lane)
             return
         if self.outbox is not None:
             self.outbox.flush()
@@ -253,7 +267,8 @@ class Actor(Node):
         action, unroll = self.behaviour.act(obs, self.version)
         if unroll is not None:
             self._ship_unroll(unroll)
-        next_obs, reward, terminated, truncated, info, returns, lengths = self._env_step(action)
+        next_obs, reward, terminated, truncated, info, returns, lengths = \
+            self._env_step(self.env, self.episodes, action)
         if len(returns):
             self.pending_returns.append(returns)
             self.pending_lengths.append(lengths)
@@ -296,3 +311,18 @@ def _final_obs(info: dict, mask: np.ndarray, shape: tuple, dtype: np.dtype) -> n
     ``info["final_obs"]``, since the returned observation already starts a new episode)."""
     rows = [info["final_obs"][i] for i in np.flatnonzero(mask)]
     return np.asarray(rows, dtype).reshape(len(rows), *shape)
+
+
+class _Lane:
+    """One group of a remote actor's envs with its own connection and request."""
+
+    def __init__(self, socket: str, env: Any, episodes: EpisodeTracker, obs: np.ndarray,
+                 n: int, spec: Any):
+        self.socket, self.env, self.episodes, self.obs, self.n = socket, env, episodes, obs, n
+        self.reward = np.zeros(n, np.float32)
+        self.done = np.zeros(n, np.bool_)
+        self.truncated = np.zeros(n, np.bool_)
+        self.final_obs = np.zeros((0, *spec.obs_shape), spec.obs_dtype)
+        self.finished = [np.empty(0, np.float32), np.empty(0, np.int32)]
+        self.seq = 0
+        self.sent_at = time.perf_counter()

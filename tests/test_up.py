@@ -150,3 +150,17 @@ def test_honcho_runs_the_procfile_and_experience_reaches_the_learner(processes, 
              "experience to reach the learner under honcho")
     assert honcho.poll() is None
     stop_process(honcho)
+
+
+def test_pipelined_lanes_are_separate_connections(processes, tmp_path):
+    """An actor with lanes: 2 keeps two requests in flight; the broker sees two actors."""
+    proc, run_dir, log = start_up(
+        processes, tmp_path, "--max-seconds", "60",
+        nodes={"actor": {"replicas": 1, "args": {"envs": 8, "lanes": 2}}},
+    )
+    wait_for(lambda: any(int(r["updates"]) > 0 for r in learner_rows(run_dir)), 60,
+             "the learner to make updates")
+    broker = wait_for(lambda: [r for r in read_csv(run_dir / "metrics" / "broker.csv")
+                               if r["actors"] == "2"], 10, "two connections at the broker")
+    assert int(broker[-1]["env_steps"]) > 0
+    stop_process(proc)

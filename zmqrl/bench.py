@@ -58,8 +58,9 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def topology_rate(topology_path: str, actors: int, envs: int, seconds: float,
-                  with_learner: bool) -> dict[str, float]:
-    overrides: dict[str, Any] = {"nodes": {"actor": {"replicas": actors, "args": {"envs": envs}}}}
+                  with_learner: bool, lanes: int = 1) -> dict[str, float]:
+    overrides: dict[str, Any] = {"nodes": {"actor": {
+        "replicas": actors, "args": {"envs": envs, "lanes": lanes}}}}
     if not with_learner:
         overrides["nodes"]["learner"] = {"kind": "sink"}
     topo = load(topology_path, overrides)
@@ -86,15 +87,16 @@ def topology_rate(topology_path: str, actors: int, envs: int, seconds: float,
 
 
 def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
-              with_learner: bool = False, json_path: str | None = None) -> dict[str, Any]:
+              with_learner: bool = False, json_path: str | None = None,
+              lanes: int = 1) -> dict[str, Any]:
     topo = load(topology_path)
     console = Console(highlight=False)
     console.print(f"no-network limit: 1 process, {actors * envs} envs, {seconds:g}s ...")
     limit = no_network_limit(topo, actors * envs, seconds)
-    console.print(f"topology: {actors} actors x {envs} envs, "
+    console.print(f"topology: {actors} actors x {envs} envs in {lanes} lane(s), "
                   f"{'learner' if with_learner else 'sink'} ...")
-    result = topology_rate(topology_path, actors, envs, seconds, with_learner)
-    report = {"env": topo.env["id"], "actors": actors, "envs_per_actor": envs,
+    result = topology_rate(topology_path, actors, envs, seconds, with_learner, lanes)
+    report = {"env": topo.env["id"], "actors": actors, "envs_per_actor": envs, "lanes": lanes,
               "with_learner": with_learner, "limit_steps_per_s": round(limit),
               "topology_steps_per_s": round(result["steps_per_s"]),
               "ratio": round(result["steps_per_s"] / limit, 3),

@@ -124,15 +124,17 @@ def validate(topologies: tuple[str, ...]) -> None:
               help="Envs per actor.")
 @click.option("--seconds", default=10.0, show_default=True, type=float)
 @click.option("--topology", "topology_path", default="topologies/seed.yaml", show_default=True)
+@click.option("--lanes", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Pipelined request lanes per actor.")
 @click.option("--with-learner", is_flag=True, help="Keep the learner instead of a sink.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Also write the figures to this file.")
-def bench(actors: int, envs: int, seconds: float, topology_path: str, with_learner: bool,
-          json_path: str | None) -> None:
+def bench(actors: int, envs: int, seconds: float, topology_path: str, lanes: int,
+          with_learner: bool, json_path: str | None) -> None:
     """SEED acting throughput against the no-network limit, measured in one run."""
     from zmqrl.bench import run_bench
 
-    run_bench(topology_path, actors, envs, seconds, with_learner, json_path)
+    run_bench(topology_path, actors, envs, seconds, with_learner, json_path, lanes)
 
 
 if __name__ == "__main__":

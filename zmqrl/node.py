@@ -155,6 +155,8 @@ class Node:
         self._traffic: dict[str, list[int]] = {}  # name -> [msgs_in, bytes_in, msgs_out, bytes_out]
         self._poller = zmq.Poller()
         self._paused: set[str] = set()
+        self._link_of: dict[str, str] = {}  # extra sockets (open_link) -> their link
+        self._custom_handlers: dict[str, Callable] = {}
         self._handlers: dict[zmq.Socket, tuple[str, Callable | None, bool]] = {}
         self._timers: list[list] = []  # [next_due, period, fn]
         self._supervisor: zmq.Socket | None = None
@@ -185,9 +187,24 @@ class Node:
                 self._zctx, "dealer", [self.ctx.supervisor], sup_opts
             )
 
+    def open_link(self, link: str, name: str) -> str:
+        """One more socket on ``link`` (same targets), named ``name``; returns the name.
+        Give it a handler with :meth:`set_handler`."""
+        self._link_of[name] = link
+        self._add_socket(name, self._connect_link(name))
+        return name
+
+    def set_handler(self, name: str, handler: Callable[[list, wire.Message], None]) -> None:
+        sock = self.sockets[name]
+        if sock not in self._handlers:
+            self._poller.register(sock, zmq.POLLIN)
+        self._handlers[sock] = (name, handler, sock.type == zmq.ROUTER)
+        self._custom_handlers[name] = handler
+
     def _connect_link(self, name: str) -> zmq.Socket:
-        link = self.links[name]
-        addresses = self.ctx.endpoints.link_addresses(self.ctx.spec.links[name])
+        link_name = self._link_of.get(name, name)
+        link = self.links[link_name]
+        addresses = self.ctx.endpoints.link_addresses(self.ctx.spec.links[link_name])
         opts = dataclasses.replace(self.socket_options, hwm=link.hwm or self.socket_options.hwm,
                                    immediate=link.immediate)
         return sockets.connect(self._zctx, link.socket, addresses, opts)
@@ -204,7 +221,7 @@ class Node:
     def _add_socket(self, name: str, sock: zmq.Socket) -> None:
         self.sockets[name] = sock
         self._traffic.setdefault(name, [0, 0, 0, 0])
-        handler = getattr(self, f"on_{name}", None)
+        handler = self._custom_handlers.get(name) or getattr(self, f"on_{name}", None)
         if handler is not None or sock.type == zmq.ROUTER:
             self._handlers[sock] = (name, handler, sock.type == zmq.ROUTER)
             self._poller.register(sock, zmq.POLLIN)
