@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from zmqrl.algos import gradients
+from zmqrl.algos.actor_critic import actor_critic_loss
 
 
 def nstep_returns(rewards: torch.Tensor, discounts: torch.Tensor,
@@ -49,17 +50,7 @@ def a2c_loss(
         pg_adv = (pg_adv - pg_adv.mean()) / (pg_adv.std() + 1e-8)
 
     loss_policy = -(pg_adv * target_logp).mean()
-    loss_baseline = baseline_cost * 0.5 * (advantages**2).mean()
-    loss_entropy = -entropy_cost * entropy.mean()
-    loss = loss_policy + loss_baseline + loss_entropy
-
-    terms = {
-        "loss_policy": loss_policy.item(),
-        "loss_baseline": loss_baseline.item(),
-        "loss_entropy": loss_entropy.item(),
-        "loss_total": loss.item(),
-    }
-    return loss, terms
+    return actor_critic_loss(loss_policy, advantages, entropy, baseline_cost, entropy_cost)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from zmqrl.algos.actor_critic import actor_critic_loss
 from zmqrl.algos.optim import make_adam
 
 
@@ -77,17 +78,7 @@ def impala_loss(
     vs = vtrace_returns.vs.detach()
 
     loss_policy = -(pg_adv * target_logp).mean()
-    loss_baseline = baseline_cost * 0.5 * ((vs - values) ** 2).mean()
-    loss_entropy = -entropy_cost * entropy.mean()
-    loss = loss_policy + loss_baseline + loss_entropy
-
-    terms = {
-        "loss_policy": loss_policy.item(),
-        "loss_baseline": loss_baseline.item(),
-        "loss_entropy": loss_entropy.item(),
-        "loss_total": loss.item(),
-    }
-    return loss, terms
+    return actor_critic_loss(loss_policy, vs - values, entropy, baseline_cost, entropy_cost)
 
 
 @dataclass
@@ -151,15 +142,10 @@ class VTraceLearner:
         ratio = torch.exp(target_logp - behaviour_logp)
         surrogate = torch.min(ratio * adv,
                               torch.clamp(ratio, 1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * adv)
-        loss_policy = -surrogate.mean()
-        loss_baseline = cfg.baseline_cost * 0.5 * ((returns.vs.detach() - values) ** 2).mean()
-        loss_entropy = -cfg.entropy_cost * entropy.mean()
-        loss = loss_policy + loss_baseline + loss_entropy
-        with torch.no_grad():
-            clipped = ((ratio - 1).abs() > cfg.ppo_clip).float().mean()
-        return loss, {"loss_policy": loss_policy.item(), "loss_baseline": loss_baseline.item(),
-                      "loss_entropy": loss_entropy.item(), "loss_total": loss.item(),
-                      "clip_frac": clipped.item()}
+        loss, terms = actor_critic_loss(-surrogate.mean(), returns.vs.detach() - values,
+                                        entropy, cfg.baseline_cost, cfg.entropy_cost)
+        terms["clip_frac"] = ((ratio - 1).abs() > cfg.ppo_clip).float().mean().item()
+        return loss, terms
 
     def _step(self, mb: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg = self.cfg
