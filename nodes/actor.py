@@ -38,7 +38,7 @@ from zmqrl.acting import (
 )
 from zmqrl.algos import REPLAY_ALGOS, UNROLL_ALGOS, make_algo
 from zmqrl.envs import env_spec, make_vector_env
-from zmqrl.metrics import LatencyReservoir
+from zmqrl.metrics import EpisodeStats, LatencyReservoir
 from zmqrl.models import build_model, load_state_arrays
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.topology import NodeSpec, Topology
@@ -65,6 +65,11 @@ class Actor(Node):
         # remote: split the envs into this many lanes, each with its own request in
         # flight, so stepping one lane overlaps the broker's inference for another.
         lanes: int = 1
+        # ε-greedy actors whose ε is above this do not count their episodes toward the
+        # run's return (the supervisor's mean of the last 100 episodes, --target-return):
+        # Ape-X's high-ε actors would measure their exploration noise, not the policy.
+        # None: every actor counts.
+        report_max_epsilon: float | None = None
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -96,6 +101,8 @@ class Actor(Node):
         self.spec = env_spec(topo.env)
         self.env_steps = 0
         self.version = 0
+        self.returns = EpisodeStats(window=100)
+        self.reports_returns = True
         if self.args.policy == "remote":
             self._setup_remote()
         elif self.args.policy == "local":
@@ -114,7 +121,9 @@ class Actor(Node):
             env.close()
 
     def metrics(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"env_steps": self.env_steps, "param_version": self.version}
+        row: dict[str, Any] = {"env_steps": self.env_steps, "param_version": self.version,
+                               "episodes": self.returns.count,
+                               "return_mean_100": round(self.returns.mean_return(), 2)}
         if self.args.policy == "remote":
             row["latency_p50_ms"], row["latency_p99_ms"] = self.latency.percentiles_ms()
         else:
@@ -128,7 +137,9 @@ class Actor(Node):
         reward = reward.astype(np.float32, copy=False)
         returns, lengths = episodes.step(reward, terminated | truncated)
         if len(returns):
-            self.episode_log.extend(returns.tolist())
+            self.returns.add(returns, lengths)
+            if self.reports_returns:
+                self.episode_log.extend(returns.tolist())
         return obs.astype(self.spec.obs_dtype, copy=False), reward, terminated, truncated, \
             info, returns, lengths
 
@@ -205,7 +216,10 @@ class Actor(Node):
             self.behaviour = EpsilonGreedyBehaviour(
                 self.spec, self.model, epsilon, int(topo.algo.get("n_step", 3)),
                 float(topo.algo.get("discount", 0.99)), n, self.seed)
-            self.log.info("epsilon %.4f", epsilon)
+            cap = self.args.report_max_epsilon
+            self.reports_returns = cap is None or epsilon <= cap
+            self.log.info("epsilon %.4f%s", epsilon,
+                          "" if self.reports_returns else " (exploring: returns not reported)")
         else:
             raise ValueError(f"no local behaviour for algo.kind '{kind}'")
 
