@@ -143,3 +143,16 @@ def test_validate_cli_exit_codes(tmp_path):
     garbage = tmp_path / "garbage.yaml"
     garbage.write_text("name: [unclosed")
     assert "not valid YAML" in runner.invoke(main, ["validate", str(garbage)]).output
+
+
+def test_set_overrides_accept_exponent_floats_and_hint_in_files(tmp_path):
+    """YAML 1.1 reads 1e-3 as text: on the command line we mean a number; in a file we
+    say how to write it."""
+    runner = CliRunner()
+    seed = str(REPO / "topologies" / "seed.yaml")
+    ok = runner.invoke(main, ["procfile", seed, "--set", "algo.lr=1e-3"])
+    assert ok.exit_code == 0, ok.output
+    raw = copy.deepcopy(GOOD)
+    raw["algo"]["lr"] = "1e-3"
+    with pytest.raises(TopologyError, match="write it with a dot"):
+        from_dict(raw)

@@ -22,6 +22,11 @@ def _overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
         if not sep or not key:
             raise click.BadParameter(f"'{pair}' is not KEY=VALUE", param_hint="--set")
         nested: Any = yaml.safe_load(value)
+        if isinstance(nested, str):
+            try:  # YAML 1.1 reads 1e-3 as a string; on a command line it means a number
+                nested = float(nested)
+            except ValueError:
+                pass
         for part in reversed(key.split(".")):
             nested = {part: nested}
         out = merge(out, nested)

@@ -311,7 +311,14 @@ def _fields_errors(dataclass_type: type | None, values: dict[str, Any],
         if key not in hints:
             errors.append((key, f"unknown for {owner} (known: {', '.join(names) or 'none'})"))
         elif not _type_ok(value, hints[key]):
-            errors.append((key, f"{value!r} is not {_type_name(hints[key])}"))
+            hint = ""
+            if isinstance(value, str) and _type_ok(1.0, hints[key]):
+                try:
+                    float(value)
+                    hint = f" (YAML reads {value} as text: write it with a dot, e.g. 1.0e-3)"
+                except ValueError:
+                    pass
+            errors.append((key, f"{value!r} is not {_type_name(hints[key])}{hint}"))
     return errors
 
 
