@@ -55,6 +55,10 @@ class Learner(Node):
         checkpoint_every: int = 200  # updates between checkpoints (0: only at exit)
         prefetch: int = 2  # replay sample requests kept in flight
         request_timeout_s: float = 10.0  # replay / parameter server silent this long: resend
+        # Gorila: gradients in flight to the parameter server. 1 waits for fresh parameters
+        # after each push; 2 computes the next gradient meanwhile, one update stale, as
+        # Gorila's asynchronous learners do.
+        max_pending_grads: int = 1
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -91,7 +95,7 @@ class Learner(Node):
         # replay path
         self.batches: deque[wire.Message] = deque()
         self.in_flight = 0
-        self.awaiting_params = False
+        self.pending_grads = 0  # gradients sent to the parameter server, not yet answered
         self.last_reply = time.monotonic()
         if "replay" in self.sockets:
             for _ in range(self.args.prefetch):
@@ -164,16 +168,16 @@ class Learner(Node):
         self.batches.append(msg)
 
     def _train_replay(self) -> None:
-        if (self.in_flight or self.awaiting_params) and \
+        if (self.in_flight or self.pending_grads) and \
                 time.monotonic() - self.last_reply > self.args.request_timeout_s:
             # A restarted replay or parameter server lost our requests: ask again.
             self.log.warning("no reply in %.0fs; reconnecting", self.args.request_timeout_s)
             for name in ("replay", "param_server"):
                 if name in self.sockets:
                     self.reopen(name)
-            self.in_flight, self.awaiting_params = 0, False
+            self.in_flight, self.pending_grads = 0, 0
             self.last_reply = time.monotonic()
-        while self.batches and not self.awaiting_params:
+        while self.batches and self.pending_grads < self.args.max_pending_grads:
             msg = self.batches.popleft()
             batch = {k: torch.from_numpy(np.array(msg[k])).to(self.device)
                      for k in _TRANSITION_KEYS}
@@ -184,7 +188,7 @@ class Learner(Node):
                 self.send("param_server", wire.encode(
                     wire.GRADS, {n: g.cpu().numpy() for n, g in zip(names, grads, strict=True)},
                     version=self.updates))
-                self.awaiting_params = True
+                self.pending_grads += 1
             else:
                 terms, priorities = self.algo.update(batch)
                 self._after_update()
@@ -197,7 +201,7 @@ class Learner(Node):
     def on_param_server(self, _envelope: list, msg: wire.Message) -> None:
         self.expect_reply(msg, wire.PARAMS, "the parameter server")
         load_state_arrays(self.model, msg.arrays)
-        self.awaiting_params = False
+        self.pending_grads = 0  # gradients sent to the parameter server, not yet answered
         self.last_reply = time.monotonic()
         self.algo.after_update()  # our step counter and target network follow the server's
         self.updates += 1
