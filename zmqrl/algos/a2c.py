@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from zmqrl.algos import gradients
-from zmqrl.algos.actor_critic import actor_critic_loss
+from zmqrl.algos.actor_critic import actor_critic_loss, evaluate_unrolls
 
 
 def nstep_returns(rewards: torch.Tensor, discounts: torch.Tensor,
@@ -82,14 +82,8 @@ class A2CLearner:
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """``batch``: obs [T+1, B, ...], action/reward/done [T, B] (logp is unused)."""
         cfg = self.cfg
-        T, B = batch["action"].shape[:2]
-        obs = batch["obs"].float()
-        logits, values = self.model(obs.reshape((T + 1) * B, *obs.shape[2:]))
-        logits = logits.reshape(T + 1, B, -1)[:T]
-        values = values.reshape(T + 1, B)
-        logp_all = torch.log_softmax(logits, dim=-1)
-        target_logp = logp_all.gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        T = batch["action"].shape[0]
+        target_logp, entropy, values = evaluate_unrolls(self.model, batch)
         discounts = cfg.discount * (~batch["done"].bool()).float()
         returns = nstep_returns(batch["reward"].float(), discounts, values[T].detach())
         loss, terms = a2c_loss(target_logp, entropy, values[:T], returns, cfg.baseline_cost,

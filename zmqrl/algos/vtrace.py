@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from zmqrl.algos.actor_critic import actor_critic_loss
+from zmqrl.algos.actor_critic import actor_critic_loss, evaluate_unrolls
 from zmqrl.algos.optim import make_adam
 
 
@@ -149,14 +149,8 @@ class VTraceLearner:
 
     def _step(self, mb: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg = self.cfg
-        T, B = mb["action"].shape[:2]
-        obs = mb["obs"].float()
-        logits, values = self.model(obs.reshape((T + 1) * B, *obs.shape[2:]))
-        logits = logits.reshape(T + 1, B, -1)[:T]
-        values = values.reshape(T + 1, B)
-        logp_all = torch.log_softmax(logits, dim=-1)
-        target_logp = logp_all.gather(-1, mb["action"].long().unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        T = mb["action"].shape[0]
+        target_logp, entropy, values = evaluate_unrolls(self.model, mb)
         discounts = cfg.discount * (~mb["done"].bool()).float()
         rewards = mb["reward"].float()
         if cfg.reward_scale != 1.0:
