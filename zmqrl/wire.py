@@ -33,7 +33,8 @@ INLINE_MAX_BYTES = 16 * 1024
 # Default cap for one message (all frames). Sockets also set ZMQ_MAXMSGSIZE per frame.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
-# Message types. Requests get exactly one reply of the paired type (or ``error``).
+# Message types. Requests (ping, step, sample, grads, get_params) get exactly one reply
+# (pong, act, batch, params, params) or ``error``; docs/protocol.md pairs them.
 HELLO = "hello"  # node -> supervisor: I started (kind, name, replica, incarnation, pid)
 HEARTBEAT = "heartbeat"  # node -> supervisor: still alive
 METRICS = "metrics"  # node -> supervisor: one row of metrics (``row`` field)
@@ -55,7 +56,6 @@ ERROR = "error"  # reply to a rejected message: ``error`` field says why
 MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS,
                            INSERT, SAMPLE, BATCH, PRIORITIES, GRADS, GET_PARAMS, CREDIT,
                            ERROR})
-REPLY_TO = {PING: PONG, STEP: ACT, SAMPLE: BATCH, GRADS: PARAMS, GET_PARAMS: PARAMS}
 
 _ALLOWED_DTYPES = frozenset(
     f"{k}{n}" for k, sizes in (("int", (8, 16, 32, 64)), ("uint", (8, 16, 32, 64)),
