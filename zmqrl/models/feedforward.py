@@ -1,10 +1,8 @@
-"""Torch networks. ``build_model`` turns a topology's ``model`` section into a module."""
+"""Feed-forward networks over a flat observation: the actor-critic MLP and the dueling
+Q-network."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import torch
 from torch import nn
 
@@ -33,7 +31,8 @@ def _init(module: nn.Module, last_gain: float) -> None:
 class ActorCritic(nn.Module):
     """Separate policy and value MLPs over a flat observation; discrete actions."""
 
-    def __init__(self, spec: EnvSpec, hidden: list[int]):
+    def __init__(self, spec: EnvSpec, hidden: list[int] = (64, 64)):
+        hidden = list(hidden)
         super().__init__()
         if spec.num_actions is None:
             raise ValueError("continuous actions are not supported by this model yet")
@@ -63,50 +62,6 @@ class ActorCritic(nn.Module):
         return self.value(obs.reshape(obs.shape[0], -1)).squeeze(-1)
 
 
-def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray,
-                        model: nn.Module, discount: float, reward_scale: float = 1.0
-                        ) -> np.ndarray:
-    """Rewards with ``discount * V(final_obs)`` added where an episode was cut by a time
-    limit rather than ended (SB3 does the same). The episode end still cuts the trace
-    (done stays true), so the learner needs no special case; ``final_obs`` holds the
-    final observations of the truncated envs, in order. V predicts returns in the
-    learner's scaled units, so it is divided by ``reward_scale`` here."""
-    if not truncated.any():
-        return reward
-    device = next(model.parameters()).device
-    values = model.state_values(torch.from_numpy(np.array(final_obs)).to(device))
-    out = np.array(reward, np.float32)
-    out[truncated] += discount * values.float().cpu().numpy() / reward_scale
-    return out
-
-
-MODEL_KINDS = {"mlp": ActorCritic}
-
-
-def build_model(model_cfg: dict[str, Any], spec: EnvSpec, seed: int = 0) -> nn.Module:
-    kind = model_cfg.get("kind", "mlp")
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"model.kind: unknown model '{kind}' (known: {', '.join(MODEL_KINDS)})")
-    torch.manual_seed(seed)  # every process builds the same initial parameters
-    return MODEL_KINDS[kind](spec, list(model_cfg.get("hidden", [64, 64])))
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def state_arrays(model: nn.Module) -> dict:
-    """Parameters as numpy arrays, ready to be message frames."""
-    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
-
-
-def load_state_arrays(model: nn.Module, arrays: dict) -> None:
-    state = {k: torch.tensor(v) for k, v in arrays.items()}  # frames are read-only: copy
-    model.load_state_dict(state, strict=True)
-
-
 class DuelingQNetwork(nn.Module):
     """Dueling Q-network (Wang et al. 2016) over a flat observation; discrete actions.
 
@@ -114,7 +69,8 @@ class DuelingQNetwork(nn.Module):
     A(s, a) [N, A]; Q(s, a) = V(s) + A(s, a) - mean_a A(s, a).
     """
 
-    def __init__(self, spec: EnvSpec, hidden: list[int]):
+    def __init__(self, spec: EnvSpec, hidden: list[int] = (64, 64)):
+        hidden = list(hidden)
         super().__init__()
         if spec.num_actions is None:
             raise ValueError("continuous actions are not supported by this model")
@@ -143,6 +99,3 @@ class DuelingQNetwork(nn.Module):
     @torch.inference_mode()
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         return self(obs)
-
-
-MODEL_KINDS["dueling_mlp"] = DuelingQNetwork

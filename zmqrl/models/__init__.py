@@ -1,0 +1,65 @@
+"""Torch networks. ``build_model`` turns a topology's ``model`` section into a module.
+
+``MODEL_KINDS`` maps ``model.kind`` to a class taking (EnvSpec, model config); the
+networks live in one module per family (feed-forward, recurrent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from zmqrl.envs import EnvSpec
+from zmqrl.models.feedforward import ActorCritic, DuelingQNetwork
+
+MODEL_KINDS: dict[str, type[nn.Module]] = {"mlp": ActorCritic, "dueling_mlp": DuelingQNetwork}
+
+
+def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray,
+                        model: nn.Module, discount: float, reward_scale: float = 1.0
+                        ) -> np.ndarray:
+    """Rewards with ``discount * V(final_obs)`` added where an episode was cut by a time
+    limit rather than ended (SB3 does the same). The episode end still cuts the trace
+    (done stays true), so the learner needs no special case; ``final_obs`` holds the
+    final observations of the truncated envs, in order. V predicts returns in the
+    learner's scaled units, so it is divided by ``reward_scale`` here."""
+    if not truncated.any():
+        return reward
+    device = next(model.parameters()).device
+    values = model.state_values(torch.from_numpy(np.array(final_obs)).to(device))
+    out = np.array(reward, np.float32)
+    out[truncated] += discount * values.float().cpu().numpy() / reward_scale
+    return out
+
+
+def build_model(model_cfg: dict[str, Any], spec: EnvSpec, seed: int = 0) -> nn.Module:
+    kind = model_cfg.get("kind", "mlp")
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"model.kind: unknown model '{kind}' (known: {', '.join(MODEL_KINDS)})")
+    options = {k: v for k, v in model_cfg.items() if k != "kind"}
+    torch.manual_seed(seed)  # every process builds the same initial parameters
+    try:
+        return MODEL_KINDS[kind](spec, **options)
+    except TypeError as exc:  # an option the model does not take
+        raise ValueError(f"model ({kind}): {exc}") from None
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def state_arrays(model: nn.Module) -> dict:
+    """Parameters as numpy arrays, ready to be message frames."""
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+def load_state_arrays(model: nn.Module, arrays: dict) -> None:
+    state = {k: torch.tensor(v) for k, v in arrays.items()}  # frames are read-only: copy
+    model.load_state_dict(state, strict=True)
+
+
