@@ -18,6 +18,9 @@ class EnvSpec:
     action_shape: tuple[int, ...]  # () for discrete actions
     action_dtype: np.dtype
     num_actions: int | None  # discrete action count; None for continuous
+    # Box actions: the bounds (float32 arrays of action_shape); None for discrete
+    action_low: np.ndarray | None = None
+    action_high: np.ndarray | None = None
 
 
 def make_vector_env(env_cfg: dict[str, Any], num_envs: int, seed: int) -> gym.vector.VectorEnv:
@@ -48,5 +51,6 @@ def env_spec(env_cfg: dict[str, Any]) -> EnvSpec:
     if isinstance(act, gym.spaces.Discrete):
         return EnvSpec(obs.shape, np.dtype(np.float32), (), np.dtype(np.int64), int(act.n))
     if isinstance(act, gym.spaces.Box):
-        return EnvSpec(obs.shape, np.dtype(np.float32), act.shape, np.dtype(np.float32), None)
+        return EnvSpec(obs.shape, np.dtype(np.float32), act.shape, np.dtype(np.float32), None,
+                       act.low.astype(np.float32), act.high.astype(np.float32))
     raise ValueError(f"env {env_cfg['id']}: action space {act} is not Discrete or Box")
