@@ -1,6 +1,7 @@
 """What every actor-critic learner shares: evaluating the current policy and values on
-a time-major unroll batch, and the baseline + entropy terms added to a policy term,
-reported under the same names (IMPALA, A2C, IMPACT)."""
+a time-major unroll batch (through ``model.evaluate``: discrete or continuous actions),
+and the baseline + entropy terms added to a policy term, reported under the same names
+(IMPALA, A2C, IMPACT, PPO)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,20 @@ def actor_critic_loss(loss_policy: torch.Tensor, value_error: torch.Tensor,
 
 def evaluate_unrolls(model: torch.nn.Module, batch: dict[str, torch.Tensor]
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The current policy on an unroll batch (obs [T+1, B, ...], action [T, B]):
-    log-probs of the taken actions [T, B], policy entropy [T, B], values [T+1, B]
-    (the last row is the bootstrap)."""
+    """The current policy on an unroll batch (obs [T+1, B, ...], action [T, B] discrete or
+    [T, B, *action_shape] continuous): log-probs of the taken actions [T, B], policy
+    entropy [T, B], values [T+1, B] (the last row is the bootstrap).
+
+    Goes through ``model.evaluate(obs, action)``, so it serves any action space the
+    model does. The bootstrap row is computed without autograd: every learner treats it
+    as a constant (and the policy is not evaluated on it)."""
     T, B = batch["action"].shape[:2]
     obs = batch["obs"].float()
-    logits, values = model(obs.reshape((T + 1) * B, *obs.shape[2:]))
-    logp_all = torch.log_softmax(logits.reshape(T + 1, B, -1)[:T], dim=-1)
-    target_logp = logp_all.gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return target_logp, entropy, values.reshape(T + 1, B)
+    flat_obs = obs.reshape((T + 1) * B, *obs.shape[2:])
+    action = batch["action"].reshape(T * B, *batch["action"].shape[2:])
+    target_logp, entropy, values = model.evaluate(flat_obs[:T * B], action)
+    # state_values runs under inference_mode: clone to get an ordinary tensor that may
+    # meet autograd-recorded ops.
+    bootstrap = model.state_values(flat_obs[T * B:]).clone()
+    values = torch.cat([values, bootstrap.to(values.dtype)]).reshape(T + 1, B)
+    return target_logp.reshape(T, B), entropy.reshape(T, B), values

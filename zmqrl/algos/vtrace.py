@@ -124,16 +124,20 @@ class VTraceLearner:
         self.model = model
         self.optimizer = make_adam(model.parameters(), cfg.lr, cfg.adam_eps, cfg.light_adam)
 
-
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """``batch``: obs [T+1, B, ...], action/logp/reward/done [T, B]."""
         cfg = self.cfg
-        columns = batch["action"].shape[1]
+        T, columns = batch["action"].shape[:2]
         terms: dict[str, float] = {}
         for _ in range(cfg.epochs):
             order = torch.randperm(columns, device=batch["action"].device)
             for idx in order.chunk(cfg.minibatches):
                 terms = self._step({k: v[:, idx] for k, v in batch.items()})
+        # After the update (as PPO): the statistics the batch was acted with stay put
+        # while we train on it; the new ones travel with the next parameters.
+        obs_norm = getattr(self.model, "obs_norm", None)
+        if obs_norm is not None:  # the unroll steps only: the bootstrap row comes again
+            obs_norm.update(batch["obs"][:T])
         return terms
 
     def _clipped_loss(self, behaviour_logp, target_logp, entropy, values, returns):
