@@ -14,8 +14,10 @@ from torch import nn
 
 from zmqrl.envs import EnvSpec
 from zmqrl.models.feedforward import ActorCritic, DuelingQNetwork
+from zmqrl.models.recurrent import RecurrentQNetwork
 
 MODEL_KINDS: dict[str, type[nn.Module]] = {"mlp": ActorCritic, "dueling_mlp": DuelingQNetwork}
+MODEL_KINDS["lstm_q"] = RecurrentQNetwork
 
 
 def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray,
