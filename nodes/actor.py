@@ -15,6 +15,15 @@ the old half-built unroll) and resends: the ZeroMQ Guide's Lazy Pirate.
   parameter server, whose reply carries fresh parameters.
 * Q-learning (dqn): n-step transitions with initial priorities on ``experience`` (a
   replay node), ε-greedy with Ape-X's per-actor ε unless ``epsilon`` is set.
+* recurrent Q-learning (r2d2): the same with a recurrent Q-network whose state is kept
+  per env and reset at episode ends; fixed-length overlapping sequences with the state
+  they started from and R2D2's mixed max/mean priorities go to the replay.
+
+With a remote policy in a Q-learning topology (SEED's R2D2), the actor's ε (the same
+schedule) travels in each ``step`` header, so the broker explores as this actor should.
+
+Box (continuous) actions are clipped to the bounds before the env sees them; what is
+recorded is the policy's own sample (see ``zmqrl.envs.env_action``).
 
 A local actor stops stepping while its outbox is full: a slow consumer slows the actors
 instead of growing memory.
@@ -34,10 +43,12 @@ from zmqrl.acting import (
     ActorCriticBehaviour,
     EpisodeTracker,
     EpsilonGreedyBehaviour,
+    RecurrentEpsilonGreedyBehaviour,
+    RewardScaler,
     apex_epsilon,
 )
-from zmqrl.algos import REPLAY_ALGOS, UNROLL_ALGOS, make_algo
-from zmqrl.envs import env_spec, make_vector_env
+from zmqrl.algos import REPLAY_ALGOS, SEQUENCE_ALGOS, UNROLL_ALGOS, make_algo, make_algo_config
+from zmqrl.envs import env_action, env_spec, make_vector_env
 from zmqrl.metrics import EpisodeStats, LatencyReservoir
 from zmqrl.models import build_model, load_state_arrays
 from zmqrl.node import Link, Node, Outbox
@@ -70,6 +81,9 @@ class Actor(Node):
         # Ape-X's high-ε actors would measure their exploration noise, not the policy.
         # None: every actor counts.
         report_max_epsilon: float | None = None
+        # Scale rewards by a running std of the discounted return (MuJoCo PPO); the
+        # reported episode returns stay raw.
+        normalize_reward: bool = False
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -103,6 +117,7 @@ class Actor(Node):
         self.version = 0
         self.returns = EpisodeStats(window=100)
         self.reports_returns = True
+        self.reward_scalers: dict[int, RewardScaler] = {}  # per vector env
         if self.args.policy == "remote":
             self._setup_remote()
         elif self.args.policy == "local":
@@ -113,6 +128,9 @@ class Actor(Node):
 
     def _make_envs(self, n: int, seed: int) -> tuple[Any, np.ndarray, EpisodeTracker]:
         env = make_vector_env(self.ctx.topo.env, n, seed)
+        if self.args.normalize_reward:
+            self.reward_scalers[id(env)] = RewardScaler(
+                n, float(self.ctx.topo.algo.get("discount", 0.99)))
         obs, _ = env.reset(seed=seed)
         return env, obs.astype(self.spec.obs_dtype, copy=False), EpisodeTracker(n)
 
@@ -132,7 +150,7 @@ class Actor(Node):
 
     def _env_step(self, env: Any, episodes: EpisodeTracker,
                   action: np.ndarray) -> tuple[np.ndarray, ...]:
-        obs, reward, terminated, truncated, info = env.step(action)
+        obs, reward, terminated, truncated, info = env.step(env_action(action, self.spec))
         self.env_steps += len(action)
         reward = reward.astype(np.float32, copy=False)
         returns, lengths = episodes.step(reward, terminated | truncated)
@@ -140,12 +158,32 @@ class Actor(Node):
             self.returns.add(returns, lengths)
             if self.reports_returns:
                 self.episode_log.extend(returns.tolist())
+        scaler = self.reward_scalers.get(id(env))
+        if scaler is not None:
+            reward = scaler(reward, terminated | truncated)
         return obs.astype(self.spec.obs_dtype, copy=False), reward, terminated, truncated, \
             info, returns, lengths
 
     # ----- remote policy (SEED) -----------------------------------------------------
+    def _epsilon(self) -> float:
+        """This actor's ε: ``epsilon`` if set, else Ape-X's schedule over the replicas."""
+        if self.args.epsilon is not None:
+            return self.args.epsilon
+        return apex_epsilon(self.ctx.replica, self.ctx.spec.replicas,
+                            self.args.epsilon_base, self.args.epsilon_alpha)
+
+    def _explores(self, epsilon: float) -> None:
+        cap = self.args.report_max_epsilon
+        self.reports_returns = cap is None or epsilon <= cap
+        self.log.info("epsilon %.4f%s", epsilon,
+                      "" if self.reports_returns else " (exploring: returns not reported)")
+
     def _setup_remote(self) -> None:
         self.latency = LatencyReservoir()
+        self.step_fields: dict[str, Any] = {}
+        if self.ctx.topo.algo.get("kind", "vtrace") in REPLAY_ALGOS:
+            self.step_fields["epsilon"] = self._epsilon()
+            self._explores(self.step_fields["epsilon"])
         self.lanes = []
         sizes = np.array_split(np.arange(self.args.envs), self.args.lanes)
         for i, envs in enumerate(sizes):
@@ -168,7 +206,7 @@ class Actor(Node):
             arrays["truncated"], arrays["final_obs"] = lane.truncated, lane.final_obs
         if len(lane.finished[0]):
             arrays["ep_return"], arrays["ep_length"] = lane.finished
-        frames = wire.encode(wire.STEP, arrays, seq=lane.seq)
+        frames = wire.encode(wire.STEP, arrays, seq=lane.seq, **self.step_fields)
         lane.sent_at = time.perf_counter()
         self.send(lane.socket, frames)
 
@@ -208,20 +246,20 @@ class Actor(Node):
                 float(topo.algo.get("reward_scale", 1.0)))
             if "param_server" in self.sockets:  # A3C worker: gradients, not experience
                 self.worker = make_algo(topo.algo, self.model)
+        elif kind in SEQUENCE_ALGOS:
+            epsilon = self._epsilon()
+            self.behaviour = RecurrentEpsilonGreedyBehaviour(
+                self.spec, self.model, epsilon, make_algo_config(topo.algo), n, self.seed)
+            self._explores(epsilon)
         elif kind in REPLAY_ALGOS:
-            epsilon = self.args.epsilon
-            if epsilon is None:
-                epsilon = apex_epsilon(self.ctx.replica, self.ctx.spec.replicas,
-                                       self.args.epsilon_base, self.args.epsilon_alpha)
+            epsilon = self._epsilon()
             self.behaviour = EpsilonGreedyBehaviour(
                 self.spec, self.model, epsilon, int(topo.algo.get("n_step", 3)),
                 float(topo.algo.get("discount", 0.99)), n, self.seed)
-            cap = self.args.report_max_epsilon
-            self.reports_returns = cap is None or epsilon <= cap
-            self.log.info("epsilon %.4f%s", epsilon,
-                          "" if self.reports_returns else " (exploring: returns not reported)")
+            self._explores(epsilon)
         else:
             raise ValueError(f"no local behaviour for algo.kind '{kind}'")
+        self.ships_items = kind in REPLAY_ALGOS  # replay inserts rather than unrolls
 
     def poll_timeout_ms(self) -> int:
         if self.args.policy == "local" and not self._blocked():
@@ -294,7 +332,7 @@ class Actor(Node):
                                            self.spec.obs_dtype)
         self.behaviour.outcome(obs, action, reward, terminated, truncated, final_next)
         self.obs = next_obs
-        if isinstance(self.behaviour, EpsilonGreedyBehaviour):
+        if self.ships_items:
             items = self.behaviour.take()
             if items is not None:
                 self.outbox.push(wire.encode(wire.INSERT, items, version=self.version))

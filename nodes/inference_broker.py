@@ -8,6 +8,12 @@ It also keeps, per actor connection, the trajectory of its envs and ships every
 rewards, dones, and the episodes that finished) to the learner, and loads the newest
 parameters the learner publishes.
 
+Recurrent Q-learning (``algo.kind: r2d2``, SEED's R2D2): the broker keeps each actor
+connection's recurrent state per env, resets it at episode ends, acts ε-greedy with
+the ε the actor sends in its ``step`` header (``epsilon`` arg when it sends none) and
+ships overlapping sequences with their stored state and initial priorities as
+``insert`` messages to a replay on the ``experience`` link, instead of unrolls.
+
 Backpressure: if the learner stops taking unrolls, they wait in a small outbox; once
 that holds ``max_outbox`` unrolls the broker stops reading actor requests, so actors
 block instead of memory growing.
@@ -22,10 +28,12 @@ import numpy as np
 import torch
 
 from zmqrl import wire
+from zmqrl.algos import SEQUENCE_ALGOS, make_algo_config
 from zmqrl.envs import env_spec
 from zmqrl.metrics import LatencyReservoir
 from zmqrl.models import bootstrap_truncated, build_model, load_state_arrays, pick_device
 from zmqrl.node import Link, Node, Outbox
+from zmqrl.sequences import RecurrentEnvs
 from zmqrl.topology import NodeSpec, Topology
 from zmqrl.unroll import UnrollBuilder
 
@@ -50,6 +58,7 @@ class InferenceBroker(Node):
         unroll: int | None = None  # default: algo.unroll
         max_outbox: int = 2  # unrolls waiting for credit before the actors are paused
         client_timeout_s: float = 60.0  # forget a silent actor's half-built unroll
+        epsilon: float = 0.01  # r2d2: ε for actors whose steps carry none
 
     def setup(self) -> None:
         torch.set_num_threads(1)
@@ -69,6 +78,10 @@ class InferenceBroker(Node):
         self.pending_envs = 0
         self.first_pending_at = 0.0
         self.unrolls: dict[bytes, UnrollBuilder] = {}  # per actor connection
+        self.recurrent = self.ctx.topo.algo.get("kind", "vtrace") in SEQUENCE_ALGOS
+        if self.recurrent:
+            self.r2d2 = make_algo_config(self.ctx.topo.algo)
+        self.groups: dict[bytes, RecurrentEnvs] = {}  # r2d2: per actor connection
         self.last_seen: dict[bytes, float] = {}
         self.outbox = Outbox(self, "experience", self.args.max_outbox)
         self._blocked = False
@@ -112,7 +125,9 @@ class InferenceBroker(Node):
         if (returns is None) != (lengths is None) or (
                 returns is not None and (returns.ndim != 1 or returns.shape != lengths.shape)):
             raise wire.ProtocolError("'ep_return' and 'ep_length' must come together, same length")
-        if self.ship:
+        if self.recurrent:
+            self._record_sequence_outcome(envelope, msg)
+        elif self.ship:
             # Outcomes are recorded on arrival, so a rollout that this request completes
             # ships before we act on it (in sync mode: before we wait for new params).
             self._record_outcome(envelope, msg)
@@ -186,9 +201,13 @@ class InferenceBroker(Node):
             obs = np.concatenate([m["obs"] for _, m in batch])
         else:
             obs = batch[0][1]["obs"].copy()
-        action, logp = self.model.act(torch.from_numpy(obs).to(self.device))
-        action = action.cpu().numpy().astype(self.spec.action_dtype, copy=False)
-        logp = logp.cpu().numpy()
+        if self.recurrent:
+            action = self._act_recurrent(batch, obs)
+            logp = np.zeros(len(action), np.float32)
+        else:
+            action, logp = self.model.act(torch.from_numpy(obs).to(self.device))
+            action = action.cpu().numpy().astype(self.spec.action_dtype, copy=False)
+            logp = logp.cpu().numpy()
         now = time.perf_counter()
         start = 0
         for envelope, msg in batch:
@@ -198,7 +217,7 @@ class InferenceBroker(Node):
             self.send("policy", wire.encode(wire.ACT, {"action": a}, seq=msg.fields.get("seq")),
                       envelope)
             self.latency.add(now - self.first_pending_at)
-            if self.ship:
+            if self.ship and not self.recurrent:
                 self._record_action(envelope, a, lp)
         self.env_steps += envs
         self.batches += 1
@@ -274,7 +293,50 @@ class InferenceBroker(Node):
     def _forget_silent_actors(self) -> None:
         cutoff = time.monotonic() - self.args.client_timeout_s
         for key in [k for k, seen in self.last_seen.items() if seen < cutoff]:
-            del self.unrolls[key], self.last_seen[key]
+            self.unrolls.pop(key, None)
+            self.groups.pop(key, None)
+            del self.last_seen[key]
+
+    # ----- recurrent state and sequences (r2d2) ---------------------------------------
+    def _record_sequence_outcome(self, envelope: list, msg: wire.Message) -> None:
+        key = self._key(envelope)
+        n = msg["obs"].shape[0]
+        epsilon = msg.fields.get("epsilon", self.args.epsilon)
+        if type(epsilon) not in (int, float) or not 0.0 <= epsilon <= 1.0:
+            raise wire.ProtocolError(f"step 'epsilon' must be a number in [0, 1], "
+                                     f"got {epsilon!r}")
+        self.last_seen[key] = time.monotonic()
+        group = self.groups.get(key)
+        if group is None or group.n != n:
+            # A new connection: its first step has no earlier action to record.
+            self.groups[key] = RecurrentEnvs(self.spec, self.r2d2, n, self.model.state_size,
+                                             epsilon, self.ctx.topo.seed + len(self.groups))
+            return
+        group.epsilon = epsilon
+        reward = msg["reward"]
+        truncated = msg.arrays.get("truncated")
+        if truncated is not None:
+            reward = group.bootstrap_truncated(self.model, reward, truncated, msg["final_obs"])
+        sequences = group.outcome(reward, msg["done"])
+        if sequences is not None and self.ship:
+            self.outbox.push(wire.encode(wire.INSERT, sequences, version=self.version))
+            self._update_backpressure()
+
+    def _act_recurrent(self, batch: list[tuple[list, wire.Message]],
+                       obs: np.ndarray) -> np.ndarray:
+        """One forward pass for every connection's envs, each from its own state."""
+        groups = [self.groups[self._key(envelope)] for envelope, _ in batch]
+        first, h, c = (torch.from_numpy(np.concatenate(parts)).to(self.device)
+                       for parts in zip(*(g.inputs() for g in groups), strict=True))
+        q, (h2, c2) = self.model.step(torch.from_numpy(obs).to(self.device), first, (h, c))
+        q, h2, c2 = q.cpu().numpy(), h2.cpu().numpy(), c2.cpu().numpy()
+        actions, start = [], 0
+        for group, (_, msg) in zip(groups, batch, strict=True):
+            end = start + group.n
+            actions.append(group.record(msg["obs"], q[start:end], h2[start:end],
+                                        c2[start:end]))
+            start = end
+        return np.concatenate(actions)
 
     def metrics(self) -> dict:
         p50, p99 = self.latency.percentiles_ms()
@@ -287,7 +349,7 @@ class InferenceBroker(Node):
             "latency_p99_ms": p99,
             "outbox": len(self.outbox),
             "backpressure_pauses": self.pauses,
-            "actors": len(self.unrolls),
+            "actors": len(self.groups if self.recurrent else self.unrolls),
         }
         self.batch_envs = self.batches = 0
         return row

@@ -7,9 +7,14 @@ where the data comes from:
   inference broker (SEED, A2C) or from local-policy actors (IMPALA). Each loop turn
   stacks ``batch_size`` env columns into a batch and updates; at most one batch waits
   here, the rest waits in the producers' outboxes (backpressure, nothing dropped).
-* replay algorithms (dqn): the learner asks the ``replay`` link for batches (keeping
-  ``prefetch`` requests in flight so the replay works while we train) and sends the
-  new priorities back.
+* replay algorithms (dqn; r2d2 with sequences and their stored recurrent state): the
+  learner asks the ``replay`` link for batches (keeping ``prefetch`` requests in flight
+  so the replay works while we train) and sends the new priorities back.
+
+Data-parallel (PPO, OpenAI Five style): a learner node with ``replicas > 1`` forms a
+gloo process group (``zmqrl.distributed``). Producers spread unrolls over the replicas
+(a DEALER round-robins), each replica trains on ``batch_size / replicas`` columns and
+the gradients are averaged every step, so all replicas hold identical parameters.
 
 The updated parameters go out on the ``params`` port (PUB) every ``publish_every``
 updates. With a ``param_server`` link (Gorila) the learner does not step its own
@@ -19,6 +24,7 @@ Checkpoints are written atomically (write, then rename).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -29,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from zmqrl import wire
-from zmqrl.algos import REPLAY_ALGOS, UNROLL_ALGOS, make_algo
+from zmqrl import distributed, wire
+from zmqrl.algos import REPLAY_ALGOS, SEQUENCE_ALGOS, UNROLL_ALGOS, make_algo
 from zmqrl.envs import env_spec
 from zmqrl.metrics import EpisodeStats
 from zmqrl.models import build_model, load_state_arrays, pick_device, state_arrays
@@ -39,6 +45,22 @@ from zmqrl.topology import NodeSpec, Topology
 
 _UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
 _TRANSITION_KEYS = ("obs", "action", "reward", "discount", "next_obs")
+_SEQUENCE_KEYS = ("obs", "action", "reward", "done", "state_h", "state_c")
+# Algorithms whose learner can average gradients over data-parallel replicas.
+_DATA_PARALLEL_ALGOS = frozenset({"ppo"})
+# Data-parallel replicas report a digest of their parameters every this many updates
+# (metrics ``digest_updates``, ``params_digest``): equal digests at equal update counts
+# show that the replicas hold bitwise identical parameters.
+_DIGEST_EVERY = 5
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """A short hash of every parameter and buffer, bit for bit."""
+    sha = hashlib.sha1()
+    for name, tensor in sorted(model.state_dict().items()):
+        sha.update(name.encode())
+        sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return sha.hexdigest()[:16]
 
 
 class Learner(Node):
@@ -71,6 +93,15 @@ class Learner(Node):
                             "remove the 'replay' link")]
         if kind not in REPLAY_ALGOS and "param_server" in spec.links:
             return [(where, f"a 'param_server' link needs a replay algorithm, not '{kind}'")]
+        data_parallel = spec.replicas > 1 and "param_server" not in spec.links
+        if data_parallel and kind not in _DATA_PARALLEL_ALGOS:
+            return [(("nodes", spec.name, "replicas"),
+                     f"data-parallel learner replicas need algo "
+                     f"{' or '.join(sorted(_DATA_PARALLEL_ALGOS))}, not '{kind}'")]
+        batch = topo.algo.get("batch_size")
+        if data_parallel and isinstance(batch, int) and batch % spec.replicas:
+            return [(("algo", "batch_size"), f"{batch} does not split evenly over "
+                                             f"{spec.replicas} learner replicas")]
         return []
 
     def setup(self) -> None:
@@ -80,8 +111,20 @@ class Learner(Node):
         self.spec = env_spec(topo.env)
         self.device = pick_device(self.args.device)
         self.model = build_model(topo.model, self.spec, topo.seed).to(self.device)
-        self.algo = make_algo(topo.algo, self.model)
+        # Replicas with a parameter server (Gorila) are independent learners; without
+        # one they are data-parallel and form a process group.
+        self.world = 1 if "param_server" in self.ctx.spec.links else self.ctx.spec.replicas
+        extra = {}
+        if self.world > 1:
+            distributed.init_group(
+                distributed.rendezvous_address(topo, self.ctx.spec, self.ctx.run_dir),
+                self.ctx.replica, self.world)
+            extra["allreduce"] = distributed.mean_allreduce(self.world)
+        self.algo = make_algo(topo.algo, self.model, **extra)
         self.cfg = self.algo.cfg
+        self.local_batch = self.cfg.batch_size // self.world  # columns this replica trains on
+        self.digest: tuple[int, str] | None = None
+        self.batch_keys = _SEQUENCE_KEYS if self.kind in SEQUENCE_ALGOS else _TRANSITION_KEYS
         self.updates = 0
         self.env_steps = 0
         self.episodes = EpisodeStats(window=100)
@@ -141,9 +184,9 @@ class Learner(Node):
             raise wire.ProtocolError("'ep_return' and 'ep_length' must come together")
 
     def _train_unrolls(self) -> None:
-        while self.queued_columns >= self.cfg.batch_size:
+        while self.queued_columns >= self.local_batch:
             taken, columns = [], 0
-            while columns < self.cfg.batch_size:
+            while columns < self.local_batch:
                 taken.append(self.queue.pop(0))
                 columns += taken[-1]["action"].shape[1]
             self.queued_columns -= columns
@@ -160,7 +203,7 @@ class Learner(Node):
 
     def on_replay(self, _envelope: list, msg: wire.Message) -> None:
         self.expect_reply(msg, wire.BATCH, "the replay")
-        missing = [k for k in (*_TRANSITION_KEYS, "key", "weight") if k not in msg.arrays]
+        missing = [k for k in (*self.batch_keys, "key", "weight") if k not in msg.arrays]
         if missing:
             raise wire.ProtocolError(f"batch lacks {', '.join(missing)}")
         self.in_flight = max(0, self.in_flight - 1)
@@ -180,7 +223,7 @@ class Learner(Node):
         while self.batches and self.pending_grads < self.args.max_pending_grads:
             msg = self.batches.popleft()
             batch = {k: torch.from_numpy(np.array(msg[k])).to(self.device)
-                     for k in _TRANSITION_KEYS}
+                     for k in self.batch_keys}
             batch["weights"] = torch.from_numpy(np.array(msg["weight"])).to(self.device)
             if "param_server" in self.sockets:
                 grads, terms, priorities = self.algo.gradients(batch)
@@ -215,6 +258,8 @@ class Learner(Node):
 
     def _after_update(self) -> None:
         self.updates += 1
+        if self.world > 1 and self.updates % _DIGEST_EVERY == 0:
+            self.digest = (self.updates, params_digest(self.model))
         if self.updates % self.args.publish_every == 0:
             self._publish()
         if self.args.checkpoint_every and self.updates % self.args.checkpoint_every == 0:
@@ -253,8 +298,11 @@ class Learner(Node):
         else:
             row["batches_waiting"] = len(self.batches)
         row.update({k: round(v, 5) for k, v in self.last_terms.items()})
+        if self.digest is not None:
+            row["digest_updates"], row["params_digest"] = self.digest
         self.lags = []
         return row
 
     def teardown(self) -> None:
         self.save_checkpoint()
+        distributed.leave_group()

@@ -7,9 +7,14 @@ local model and turns each vector step into what the topology wants shipped:
   policy and cuts time-major unrolls with behaviour log-probs.
 * :class:`EpsilonGreedyBehaviour` (Ape-X, Gorila actors): ε-greedy on a local Q-network,
   n-step transitions with initial priorities |δ| computed on the actor.
+* :class:`RecurrentEpsilonGreedyBehaviour` (R2D2 actors): the same on a recurrent
+  Q-network whose state is kept per env; ships overlapping sequences with their stored
+  state (``zmqrl.sequences``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +22,7 @@ import torch
 from zmqrl.algos.dqn import NStepAccumulator, td_priorities
 from zmqrl.envs import EnvSpec
 from zmqrl.models import bootstrap_truncated
+from zmqrl.sequences import RecurrentEnvs
 from zmqrl.unroll import UnrollBuilder
 
 
@@ -42,6 +48,32 @@ class EpisodeTracker:
         self.ret[ended] = 0.0
         self.length[ended] = 0
         return out
+
+
+class RewardScaler:
+    """Divides rewards by a running std of each env's discounted return (gymnasium's
+    NormalizeReward, which CleanRL's MuJoCo PPO uses), then clips them. It runs where
+    the envs are, so the episode returns that actors report stay in raw units."""
+
+    def __init__(self, n: int, discount: float, clip: float = 10.0, eps: float = 1e-8):
+        self.discount, self.clip, self.eps = discount, clip, eps
+        self.returns = np.zeros(n, np.float64)
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.discount + reward
+        self._update(self.returns)
+        self.returns[done] = 0.0
+        scaled = reward / np.sqrt(self.var + self.eps)
+        return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
+
+    def _update(self, x: np.ndarray) -> None:  # Chan et al.'s parallel variance merge
+        batch_mean, batch_var, n = float(x.mean()), float(x.var()), len(x)
+        delta, total = batch_mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + batch_var * n
+                    + delta**2 * self.count * n / total) / total
+        self.count = total
 
 
 class ActorCriticBehaviour:
@@ -104,4 +136,32 @@ class EpsilonGreedyBehaviour:
         items["priority"] = td_priorities(self.model, items["obs"], items["action"],
                                           items["reward"], items["discount"],
                                           items["next_obs"]).astype(np.float32)
+        return items
+
+
+class RecurrentEpsilonGreedyBehaviour:
+    def __init__(self, spec: EnvSpec, model: torch.nn.Module, epsilon: float, cfg: Any,
+                 n: int, seed: int):
+        self.model = model
+        self.envs = RecurrentEnvs(spec, cfg, n, model.state_size, epsilon, seed)
+        self.pending: list[dict[str, np.ndarray]] = []
+
+    def act(self, obs: np.ndarray, version: int) -> tuple[np.ndarray, None]:
+        return self.envs.act(self.model, obs), None
+
+    def outcome(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+                terminated: np.ndarray, truncated: np.ndarray, next_obs: np.ndarray) -> None:
+        """``next_obs`` holds the final observation where an episode ended."""
+        cut = truncated & ~terminated
+        reward = self.envs.bootstrap_truncated(self.model, reward, cut, next_obs[cut])
+        sequences = self.envs.outcome(reward, terminated | truncated)
+        if sequences is not None:
+            self.pending.append(sequences)
+
+    def take(self) -> dict[str, np.ndarray] | None:
+        """The sequences (with initial priorities) cut so far, or None."""
+        if not self.pending:
+            return None
+        items = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
+        self.pending = []
         return items

@@ -1,5 +1,13 @@
 """Gymnasium construction: vector envs, and what the rest of the system needs to know
-about spaces (observation shape and dtype, action shape and dtype)."""
+about spaces (observation shape and dtype, action shape, dtype and bounds).
+
+Importing this module also registers zmqrl's own env ids, so a topology can name them
+like any gymnasium id:
+
+* ``zmqrl/CartPoleNoVelocity-v1``: CartPole with the two velocity components hidden
+  (observation: cart position, pole angle). Partially observable: a policy has to infer
+  the velocities from history, which a feed-forward network cannot (R2D2's test bed).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +29,38 @@ class EnvSpec:
     # Box actions: the bounds (float32 arrays of action_shape); None for discrete
     action_low: np.ndarray | None = None
     action_high: np.ndarray | None = None
+
+
+class HideVelocity(gym.ObservationWrapper):
+    """Keeps only the observation components in ``keep`` (CartPole: position, angle)."""
+
+    def __init__(self, env: gym.Env, keep: tuple[int, ...] = (0, 2)):
+        super().__init__(env)
+        self.keep = np.array(keep)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(space.low[self.keep], space.high[self.keep],
+                                                dtype=space.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[self.keep]
+
+
+def _cartpole_no_velocity(**kwargs: Any) -> gym.Env:
+    return HideVelocity(gym.make("CartPole-v1", **kwargs).unwrapped)
+
+
+if "zmqrl/CartPoleNoVelocity-v1" not in gym.registry:
+    gym.register("zmqrl/CartPoleNoVelocity-v1", entry_point=_cartpole_no_velocity,
+                 max_episode_steps=500, reward_threshold=475.0)
+
+
+def env_action(action: np.ndarray, spec: EnvSpec) -> np.ndarray:
+    """What the env is stepped with: Box actions clipped to the bounds. The policy's own
+    sample (unclipped) is what experience records, so its log-prob stays exact; the
+    clip is part of the environment (CleanRL and SB3 do the same)."""
+    if spec.action_low is None:
+        return action
+    return np.clip(action, spec.action_low, spec.action_high)
 
 
 def make_vector_env(env_cfg: dict[str, Any], num_envs: int, seed: int) -> gym.vector.VectorEnv:
