@@ -32,6 +32,7 @@ from rich.text import Text
 
 from zmqrl import sockets, wire
 from zmqrl.endpoints import Endpoints, supervisor_address
+from zmqrl.metrics import CsvLog
 from zmqrl.node import NodeContext
 from zmqrl.topology import Topology, load_class
 
@@ -122,6 +123,7 @@ class Supervisor:
                  console: Console | None = None):
         self.topo = topo
         self.run_dir = Path(run_dir)
+        self.run_log: CsvLog | None = None
         self.stop = stop
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.procs: list[_Proc] = []
@@ -162,11 +164,14 @@ class Supervisor:
         try:
             if live:
                 live.start()
-            last_plain = time.monotonic()
+            last_plain = last_row = time.monotonic()
             while not self.stopping:
                 self._receive(timeout_ms=100)
                 self._check_children()
                 self._check_stop_conditions()
+                if time.monotonic() - last_row >= 1.0:
+                    last_row = time.monotonic()
+                    self._log_run_row()
                 if live:
                     live.update(self._progress())
                 elif time.monotonic() - last_plain > 5.0:
@@ -176,6 +181,7 @@ class Supervisor:
             if live:
                 live.stop()
             self._shutdown()
+            self._log_run_row()
         self.console.print(self._progress(final=True), markup=False)
         self.console.print(f"zmqrl up: stopped ({self.reason}); run directory {self.run_dir}",
                            markup=False)
@@ -324,6 +330,19 @@ class Supervisor:
                 and self.mean_return() >= s.target_return):
             self._finish(f"target return {s.target_return:g} reached: mean of the last "
                          f"{s.window} episodes {self.mean_return():.1f}", 0)
+
+    def _log_run_row(self) -> None:
+        """One row a second of the run as a whole (``metrics/run.csv``): what learning
+        curves are drawn from."""
+        if self.run_log is None:
+            self.run_log = CsvLog(self.run_dir / "metrics" / "run.csv")
+        self.run_log.write({
+            "time_s": round(time.monotonic() - self.started, 2),
+            "env_steps": self.total_env_steps, "episodes": self.episodes,
+            "return_mean_20": round(self.mean_return(20), 2),
+            "return_mean_100": round(self.mean_return(), 2),
+            "updates": self.learner_row.get("updates", 0) if self.learner_row else 0,
+        })
 
     def _progress(self, final: bool = False) -> Text:
         """The one-line summary; ``final`` shows the whole run's average rate."""

@@ -1,0 +1,93 @@
+"""Learning curves on MuJoCo: one topology, several env ids and seeds, a fixed budget of
+env steps each; what BENCHMARKS.md records for continuous control.
+
+    python benchmarks/mujoco.py topologies/ppo.yaml --envs Hopper-v5 HalfCheetah-v5 \\
+        --seeds 1 2 3 --max-steps 1000000 --plot-dir docs
+
+Each run is `zmqrl up T --set env.id=E --set seed=S --max-steps N` in a fresh process,
+with its run directory kept under runs/mujoco/ (a finished run is not run again, so an
+interrupted benchmark resumes). The curve is the supervisor's metrics/run.csv: the
+mean return of the last 20 episodes against env steps. Prints one markdown row per env
+(final mean return over the last 100 episodes: mean ± std over seeds, each seed, wall
+time) and draws one PNG per env (needs matplotlib: `pip install -e .[bench]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNS = Path("runs/mujoco")
+
+
+def run(topology: Path, env_id: str, seed: int, max_steps: int) -> dict:
+    run_dir = RUNS / f"{topology.stem}-{env_id}-s{seed}"
+    done_marker = run_dir / "finished.txt"
+    if not done_marker.exists():
+        cmd = [sys.executable, "-m", "zmqrl.cli", "up", str(topology), "--set",
+               f"env.id={env_id}", "--set", f"seed={seed}", "--max-steps", str(max_steps),
+               "--run-dir", str(run_dir)]
+        start = time.monotonic()
+        out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        wall = time.monotonic() - start
+        if "--max-steps" not in out.splitlines()[-1]:
+            raise SystemExit(f"{run_dir}: run did not finish:\n{out[-2000:]}")
+        done_marker.write_text(f"{wall:.1f}\n")
+    rows = list(csv.DictReader(open(run_dir / "metrics" / "run.csv")))
+    curve = [(int(r["env_steps"]), float(r["return_mean_20"])) for r in rows
+             if r["return_mean_20"] != "nan"]
+    return {"seed": seed, "wall_s": float(done_marker.read_text()),
+            "final": float(rows[-1]["return_mean_100"]), "curve": curve}
+
+
+def plot(env_id: str, topology: str, runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in runs:
+        steps, returns = zip(*r["curve"], strict=True)
+        ax.plot(steps, returns, linewidth=1.2, label=f"seed {r['seed']}")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("mean return (last 20 episodes)")
+    ax.set_title(f"{topology} on {env_id}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("topology", type=Path)
+    parser.add_argument("--envs", nargs="+", default=["Hopper-v5", "HalfCheetah-v5"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--max-steps", type=int, default=1_000_000)
+    parser.add_argument("--plot-dir", type=Path, default=None)
+    args = parser.parse_args()
+    print("| topology | env | final return(100), mean ± std | per seed | wall time per run |")
+    print("|---|---|---|---|---|")
+    for env_id in args.envs:
+        runs = [run(args.topology, env_id, seed, args.max_steps) for seed in args.seeds]
+        finals = [r["final"] for r in runs]
+        spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
+        walls = statistics.mean(r["wall_s"] for r in runs)
+        print(f"| {args.topology.stem} | {env_id} | {statistics.mean(finals):,.0f} ± "
+              f"{spread:,.0f} | {', '.join(f'{f:,.0f}' for f in finals)} | "
+              f"{walls / 60:.1f} min |", flush=True)
+        if args.plot_dir:
+            args.plot_dir.mkdir(parents=True, exist_ok=True)
+            name = f"{args.topology.stem}_{env_id.split('-')[0].lower()}.png"
+            plot(env_id, args.topology.stem, runs, args.plot_dir / name)
+
+
+if __name__ == "__main__":
+    main()
