@@ -51,7 +51,7 @@ _DATA_PARALLEL_ALGOS = frozenset({"ppo"})
 # Data-parallel replicas report a digest of their parameters every this many updates
 # (metrics ``digest_updates``, ``params_digest``): equal digests at equal update counts
 # show that the replicas hold bitwise identical parameters.
-_DIGEST_EVERY = 5
+_DIGEST_EVERY = 2
 
 
 def params_digest(model: torch.nn.Module) -> str:
