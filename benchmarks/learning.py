@@ -1,6 +1,7 @@
 """Time and env steps to a target return, per topology: what BENCHMARKS.md records.
 
-    python benchmarks/learning.py [--seeds 1 2 3] [--target 475] [--max-seconds 120] T.yaml...
+    python benchmarks/learning.py [--seeds 1 2 3] [--target 475] [--max-seconds 120]
+        [--set key.path=value ...] T.yaml...
 
 Each run is `zmqrl up T --target-return R --max-seconds S --set seed=N` in a fresh
 process; wall time is measured around it, so process start-up is included. Prints one
@@ -22,10 +23,13 @@ from pathlib import Path
 FINAL = re.compile(r"env steps ([\d,]+) \| ([\d,]+) steps/s .* return\(100\) ([\d.na]+)")
 
 
-def run(topology: str, seed: int, target: float, max_seconds: float) -> dict:
+def run(topology: str, seed: int, target: float, max_seconds: float,
+        overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="zmqrl-learning-") as run_dir:
         cmd = [sys.executable, "-m", "zmqrl.cli", "up", topology, "--target-return", str(target),
                "--max-seconds", str(max_seconds), "--set", f"seed={seed}", "--run-dir", run_dir]
+        for override in overrides:
+            cmd += ["--set", override]
         start = time.monotonic()
         out = subprocess.run(cmd, capture_output=True, text=True).stdout
         wall = time.monotonic() - start
@@ -41,12 +45,15 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--target", type=float, default=475)
     parser.add_argument("--max-seconds", type=float, default=120)
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="topology override, as for zmqrl up")
     args = parser.parse_args()
     print("| topology | reached | wall time to target (median) | env steps to target (median) "
           "| env steps/s | runs (wall s / env steps / final return(100)) |")
     print("|---|---|---|---|---|---|")
     for topology in args.topologies:
-        runs = [run(topology, seed, args.target, args.max_seconds) for seed in args.seeds]
+        runs = [run(topology, seed, args.target, args.max_seconds, args.overrides)
+                for seed in args.seeds]
         ok = [r for r in runs if r["reached"]]
         detail = "; ".join(f"{r['wall_s']:.1f} / {r['env_steps']:,} / {r['return_100']}"
                            for r in runs)
