@@ -5,11 +5,12 @@ env steps each; what BENCHMARKS.md records for continuous control.
         --seeds 1 2 3 --max-steps 1000000 --plot-dir docs
 
 Each run is `zmqrl up T --set env.id=E --set seed=S --max-steps N` in a fresh process,
-with its run directory kept under runs/mujoco/ (a finished run is not run again, so an
-interrupted benchmark resumes). The curve is the supervisor's metrics/run.csv: the
-mean return of the last 20 episodes against env steps. Prints one markdown row per env
-(final mean return over the last 100 episodes: mean ± std over seeds, each seed, wall
-time) and draws one PNG per env (needs matplotlib: `pip install -e .[bench]`).
+with its run directory kept under runs/mujoco/ (a finished run is not run again, and an
+interrupted one continues from its checkpoints with `zmqrl up --resume`). The curve is
+the supervisor's metrics/run.csv: the mean return of the last 20 episodes against env
+steps. Prints one markdown row per env (final mean return over the last 100 episodes:
+mean ± std over seeds, each seed, wall time) and draws one PNG per env (needs
+matplotlib: `pip install -e .[bench]`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ def run(topology: Path, env_id: str, seed: int, max_steps: int) -> dict:
     run_dir = RUNS / f"{topology.stem}-{env_id}-s{seed}"
     done_marker = run_dir / "finished.txt"
     if not done_marker.exists():
+        # An interrupted run continues from its checkpoints (--max-steps counts them too).
+        where = ["--resume" if (run_dir / "topology.yaml").exists() else "--run-dir",
+                 str(run_dir)]
         cmd = [sys.executable, "-m", "zmqrl.cli", "up", str(topology), "--set",
                f"env.id={env_id}", "--set", f"seed={seed}", "--max-steps", str(max_steps),
-               "--run-dir", str(run_dir)]
+               *where]
         start = time.monotonic()
         out = subprocess.run(cmd, capture_output=True, text=True).stdout
         wall = time.monotonic() - start

@@ -50,7 +50,7 @@ from zmqrl.acting import (
 from zmqrl.algos import REPLAY_ALGOS, SEQUENCE_ALGOS, UNROLL_ALGOS, make_algo, make_algo_config
 from zmqrl.envs import env_action, env_spec, make_vector_env
 from zmqrl.metrics import EpisodeStats, LatencyReservoir
-from zmqrl.models import build_model, load_state_arrays
+from zmqrl.models import build_model, load_state_arrays, wants_params
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.topology import NodeSpec, Topology
 
@@ -115,6 +115,7 @@ class Actor(Node):
         self.spec = env_spec(topo.env)
         self.env_steps = 0
         self.version = 0
+        self.params_source: Any = None  # incarnation of the publisher of our parameters
         self.returns = EpisodeStats(window=100)
         self.reports_returns = True
         self.reward_scalers: dict[int, RewardScaler] = {}  # per vector env
@@ -210,6 +211,24 @@ class Actor(Node):
         lane.sent_at = time.perf_counter()
         self.send(lane.socket, frames)
 
+    def _resend(self, lane: _Lane) -> None:
+        """Lazy Pirate: a fresh socket (a new identity: the broker drops our half-built
+        trajectory) and the current observations again."""
+        self.reopen(lane.socket)
+        lane.reward[:] = 0.0  # the lost step's outcome has no unroll to go to
+        self._send_step(lane)
+
+    def on_peer_silent(self, name: str) -> None:
+        """The broker or parameter server stopped answering even pings: reconnect and
+        resend now rather than at the request timeout."""
+        if self.args.policy == "remote":
+            for lane in self.lanes:
+                if lane.socket == name:
+                    self._resend(lane)
+        elif name == "param_server" and self.awaiting_params:
+            self.reopen(name)
+            self.awaiting_params = False  # that gradient is lost; the next one goes out
+
     def _on_act(self, lane: _Lane, msg: wire.Message) -> None:
         self.expect_reply(msg, wire.ACT, "the policy")
         if msg.fields.get("seq") != lane.seq:
@@ -282,8 +301,9 @@ class Actor(Node):
         self.awaiting_params = False
 
     def _load_params(self, msg: wire.Message) -> None:
-        version = msg.fields.get("version")
-        if type(version) is not int or version <= self.version:
+        version, source = msg.fields.get("version"), msg.fields.get("source")
+        if type(version) is not int or not wants_params(version, source, self.version,
+                                                        self.params_source):
             return
         try:
             load_state_arrays(self.model, msg.arrays)
@@ -291,7 +311,7 @@ class Actor(Node):
             self.bad_messages += 1
             self.log.error("rejected params version %d: %s", version, exc)
             return
-        self.version = version
+        self.version, self.params_source = version, source
 
     def after_poll(self) -> None:
         if self.args.policy == "remote":
@@ -299,9 +319,7 @@ class Actor(Node):
                 if time.perf_counter() - lane.sent_at > self.args.request_timeout_s:
                     self.log.warning("no reply in %.1fs; reconnecting and resending",
                                      self.args.request_timeout_s)
-                    self.reopen(lane.socket)
-                    lane.reward[:] = 0.0  # the lost step's outcome has no unroll to go to
-                    self._send_step(lane)
+                    self._resend(lane)
             return
         if self.outbox is not None:
             self.outbox.flush()

@@ -31,7 +31,13 @@ from zmqrl import wire
 from zmqrl.algos import SEQUENCE_ALGOS, make_algo_config
 from zmqrl.envs import env_spec
 from zmqrl.metrics import LatencyReservoir
-from zmqrl.models import bootstrap_truncated, build_model, load_state_arrays, pick_device
+from zmqrl.models import (
+    bootstrap_truncated,
+    build_model,
+    load_state_arrays,
+    pick_device,
+    wants_params,
+)
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.sequences import RecurrentEnvs
 from zmqrl.topology import NodeSpec, Topology
@@ -73,8 +79,10 @@ class InferenceBroker(Node):
         self.awaiting_version = 0
         self.expected_actors = self._expected_actors()
         self.version = 0
+        self.params_source: object = None  # incarnation of the publisher of our parameters
         self._latest_params: wire.Message | None = None
         self.pending: list[tuple[list, wire.Message]] = []
+        self.pending_keys: set[bytes] = set()  # connections with a step in self.pending
         self.pending_envs = 0
         self.first_pending_at = 0.0
         self.unrolls: dict[bytes, UnrollBuilder] = {}  # per actor connection
@@ -113,12 +121,21 @@ class InferenceBroker(Node):
         for key in ("reward", "done"):
             if key not in msg.arrays or msg.arrays[key].shape != (n,):
                 raise wire.ProtocolError(f"step needs '{key}' of shape [{n}]")
+        # NaN or inf would break the model for every actor in the batch, and poison the
+        # learner through the unroll.
+        if not (np.isfinite(obs).all() and np.isfinite(msg["reward"]).all()):
+            raise wire.ProtocolError("step 'obs' and 'reward' must be finite")
+        key = self._key(envelope)
+        if key in self.pending_keys:
+            raise wire.ProtocolError("a step is already outstanding on this connection "
+                                     "(at most one at a time)")
         truncated, final_obs = msg.arrays.get("truncated"), msg.arrays.get("final_obs")
         if (truncated is None) != (final_obs is None) or truncated is not None and (
                 truncated.shape != (n,) or truncated.dtype != np.bool_
                 or final_obs.shape != (int(truncated.sum()), *self.spec.obs_shape)
-                or final_obs.dtype != self.spec.obs_dtype):
-            raise wire.ProtocolError("'truncated' (bool [n]) and 'final_obs' (one "
+                or final_obs.dtype != self.spec.obs_dtype
+                or not np.isfinite(final_obs).all()):
+            raise wire.ProtocolError("'truncated' (bool [n]) and 'final_obs' (one finite "
                                      f"{self.spec.obs_dtype} observation per truncated env) "
                                      "must come together")
         returns, lengths = msg.arrays.get("ep_return"), msg.arrays.get("ep_length")
@@ -134,6 +151,7 @@ class InferenceBroker(Node):
         if not self.pending:
             self.first_pending_at = time.perf_counter()
         self.pending.append((envelope, msg))
+        self.pending_keys.add(key)
         self.pending_envs += n
 
     on_experience = Node.on_producer_reply
@@ -194,6 +212,7 @@ class InferenceBroker(Node):
                 envs += batch[-1][1]["obs"].shape[0]
             self._serve(batch, envs)
         self.pending_envs = 0
+        self.pending_keys.clear()
 
     def _serve(self, batch: list[tuple[list, wire.Message]], envs: int) -> None:
         # One copy either way: frames are read-only and torch wants writable memory.
@@ -280,7 +299,8 @@ class InferenceBroker(Node):
             self.bad_messages += 1
             self.log.error("rejected params: version %r is not an integer", version)
             return
-        if version <= self.version:
+        source = msg.fields.get("source")
+        if not wants_params(version, source, self.version, self.params_source):
             return
         try:
             load_state_arrays(self.model, msg.arrays)
@@ -288,7 +308,9 @@ class InferenceBroker(Node):
             self.bad_messages += 1
             self.log.error("rejected params version %d: %s", version, exc)
             return
-        self.version = version
+        if version < self.version:  # a restarted learner: do not wait for versions it lost
+            self.awaiting_version = min(self.awaiting_version, version)
+        self.version, self.params_source = version, source
 
     def _forget_silent_actors(self) -> None:
         cutoff = time.monotonic() - self.args.client_timeout_s

@@ -17,16 +17,25 @@ gloo process group (``zmqrl.distributed``). Producers spread unrolls over the re
 the gradients are averaged every step, so all replicas hold identical parameters.
 
 The updated parameters go out on the ``params`` port (PUB) every ``publish_every``
-updates. With a ``param_server`` link (Gorila) the learner does not step its own
-optimizer: it sends its gradients there and continues from the parameters it gets back.
-Checkpoints are written atomically (write, then rename).
+updates, and to every new subscriber as soon as it subscribes (the port is bound as an
+XPUB, so a broker or actor that joins late need not wait for the next update). With a
+``param_server`` link (Gorila) the learner does not step its own optimizer: it sends its
+gradients there and continues from the parameters it gets back.
+
+Checkpoint and resume: ``checkpoints/<label>.pt`` in the run directory holds the model,
+the algorithm's state (optimizer, target network, its counters: ``algo.state_dict()``),
+the update and env-step counters, the episode statistics and the RNG states. It is
+written every ``checkpoint_every`` updates and at exit, crash-safely
+(``zmqrl.checkpoint.atomic_write``). A learner that finds its checkpoint when it starts
+(a restart after a crash, or ``zmqrl up --resume``) restores it and publishes the
+restored parameters with the restored update count as their version.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
+import random
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -34,9 +43,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import zmq
 
 from zmqrl import distributed, wire
 from zmqrl.algos import REPLAY_ALGOS, SEQUENCE_ALGOS, UNROLL_ALGOS, make_algo
+from zmqrl.checkpoint import atomic_write, checkpoint_dir
 from zmqrl.envs import env_spec
 from zmqrl.metrics import EpisodeStats
 from zmqrl.models import build_model, load_state_arrays, pick_device, state_arrays
@@ -52,6 +63,9 @@ _DATA_PARALLEL_ALGOS = frozenset({"ppo"})
 # (metrics ``digest_updates``, ``params_digest``): equal digests at equal update counts
 # show that the replicas hold bitwise identical parameters.
 _DIGEST_EVERY = 2
+_CHECKPOINT_FORMAT = 1
+# An XPUB hands us b"\x01<topic>" for each new subscription (b"\x00..." when one goes).
+_SUBSCRIBE = 1
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -66,6 +80,7 @@ def params_digest(model: torch.nn.Module) -> str:
 class Learner(Node):
     binds = {"experience": "router", "params": "pub"}
     port_hwm = {"params": 4}  # a subscriber that falls behind gets fresh params, not old
+    xpub_ports = frozenset({"params"})  # each new subscriber gets the current params at once
     links = {"replay": Link("dealer", required=False),
              "param_server": Link("dealer", required=False)}
     metrics_interval_s = 1.0
@@ -74,7 +89,8 @@ class Learner(Node):
     class Args:
         device: str = "auto"
         publish_every: int = 1  # updates between parameter broadcasts
-        checkpoint_every: int = 200  # updates between checkpoints (0: only at exit)
+        # updates between checkpoints (0: only at exit); a crash loses at most this many
+        checkpoint_every: int = 200
         prefetch: int = 2  # replay sample requests kept in flight
         request_timeout_s: float = 10.0  # replay / parameter server silent this long: resend
         # Gorila: gradients in flight to the parameter server. 1 waits for fresh parameters
@@ -131,7 +147,7 @@ class Learner(Node):
         self.last_terms: dict[str, float] = {}
         self.lags: list[int] = []
         self._rate_mark = (time.monotonic(), 0)
-        self.checkpoint_path = self.ctx.run_dir / "checkpoints" / f"{self.ctx.label}.pt"
+        self.checkpoint_path = checkpoint_dir(self.ctx.run_dir) / f"{self.ctx.label}.pt"
         # unroll path
         self.queue: list[wire.Message] = []
         self.queued_columns = 0
@@ -140,10 +156,12 @@ class Learner(Node):
         self.in_flight = 0
         self.pending_grads = 0  # gradients sent to the parameter server, not yet answered
         self.last_reply = time.monotonic()
+        if self.checkpoint_path.exists():
+            self._restore()
         if "replay" in self.sockets:
             for _ in range(self.args.prefetch):
                 self._request_sample()
-        self._publish()
+        self._publish()  # the restored parameters, if any, with their version
         self.log.info("%s on %s, batch %d", self.kind, self.device, self.cfg.batch_size)
 
     # ----- unroll path ----------------------------------------------------------------
@@ -182,6 +200,8 @@ class Learner(Node):
                 )
         if ("ep_return" in msg.arrays) != ("ep_length" in msg.arrays):
             raise wire.ProtocolError("'ep_return' and 'ep_length' must come together")
+        check_values(msg, ("obs", "logp", "reward"), self.spec)
+
 
     def _train_unrolls(self) -> None:
         while self.queued_columns >= self.local_batch:
@@ -210,16 +230,24 @@ class Learner(Node):
         self.last_reply = time.monotonic()
         self.batches.append(msg)
 
+    def on_peer_silent(self, name: str) -> None:
+        if name in ("replay", "param_server"):  # dead or restarted: our requests are lost
+            self._reconnect_servers()
+
+    def _reconnect_servers(self) -> None:
+        """A restarted replay or parameter server lost our requests: reconnect (a new
+        identity, so late replies to the old ones cannot arrive) and ask again."""
+        for name in ("replay", "param_server"):
+            if name in self.sockets:
+                self.reopen(name)
+        self.in_flight, self.pending_grads = 0, 0
+        self.last_reply = time.monotonic()
+
     def _train_replay(self) -> None:
         if (self.in_flight or self.pending_grads) and \
                 time.monotonic() - self.last_reply > self.args.request_timeout_s:
-            # A restarted replay or parameter server lost our requests: ask again.
             self.log.warning("no reply in %.0fs; reconnecting", self.args.request_timeout_s)
-            for name in ("replay", "param_server"):
-                if name in self.sockets:
-                    self.reopen(name)
-            self.in_flight, self.pending_grads = 0, 0
-            self.last_reply = time.monotonic()
+            self._reconnect_servers()
         while self.batches and self.pending_grads < self.args.max_pending_grads:
             msg = self.batches.popleft()
             batch = {k: torch.from_numpy(np.array(msg[k])).to(self.device)
@@ -251,6 +279,7 @@ class Learner(Node):
 
     # ----- both -----------------------------------------------------------------------
     def after_poll(self) -> None:
+        self._answer_new_subscribers()  # before training: they get the version we have now
         if self.kind in UNROLL_ALGOS:
             self._train_unrolls()
         else:
@@ -267,17 +296,63 @@ class Learner(Node):
 
     def _publish(self) -> None:
         self.send("params", wire.encode(wire.PARAMS, state_arrays(self.model),
-                                        version=self.updates))
+                                        version=self.updates, source=self.incarnation))
+
+    def _answer_new_subscribers(self) -> None:
+        """Publish the current parameters once if anyone subscribed since the last turn.
+
+        Subscriptions are coalesced, so a peer that keeps resubscribing costs at most
+        one publish per loop turn; the others ignore a version they already hold."""
+        sock = self.sockets["params"]
+        joined = False
+        for _ in range(1000):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            joined |= frame[:1] == bytes([_SUBSCRIBE])
+        if joined:
+            self._publish()
 
     def save_checkpoint(self) -> None:
-        """Write then rename, so a crash mid-write never leaves a corrupt checkpoint."""
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint_path.with_suffix(".tmp")
-        torch.save({"model": self.model.state_dict(),
-                    "optimizer": self.algo.optimizer.state_dict(),
-                    "updates": self.updates, "env_steps": self.env_steps,
-                    "torch_rng": torch.get_rng_state()}, tmp)
-        os.replace(tmp, self.checkpoint_path)
+        """Everything :meth:`_restore` needs, written crash-safely (temp file, fsync,
+        rename): a kill at any moment leaves the previous checkpoint or this one."""
+        state = {
+            "format": _CHECKPOINT_FORMAT,
+            "model": self.model.state_dict(),
+            "algo": self.algo.state_dict(),
+            "updates": self.updates,
+            "env_steps": self.env_steps,
+            "episodes": {"returns": list(self.episodes.returns),
+                         "lengths": list(self.episodes.lengths),
+                         "count": self.episodes.count},
+            "rng": _rng_state(),
+        }
+        atomic_write(self.checkpoint_path, lambda f: torch.save(state, f))
+
+    def _restore(self) -> None:
+        path = self.checkpoint_path
+        # Plain tensors and containers only (weights_only): loading runs no pickled code.
+        # On the CPU first: RNG states must stay there; load_state_dict moves the rest.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(state["model"])
+        if "algo" in state:
+            self.algo.load_state_dict(state["algo"])
+        else:  # a checkpoint from before algorithms had state_dict
+            self.algo.optimizer.load_state_dict(state["optimizer"])
+            self.log.warning("%s has no algorithm state; target network and counters "
+                             "start afresh", path)
+        self.updates = int(state["updates"])
+        self.env_steps = int(state["env_steps"])
+        episodes = state.get("episodes")
+        if episodes:
+            self.episodes.returns.extend(episodes["returns"])
+            self.episodes.lengths.extend(episodes["lengths"])
+            self.episodes.count = int(episodes["count"])
+        if "rng" in state:
+            _set_rng_state(state["rng"])
+        self._rate_mark = (time.monotonic(), self.env_steps)
+        self.log.info("resumed from %s at update %d", path, self.updates)
 
     def metrics(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -306,3 +381,44 @@ class Learner(Node):
     def teardown(self) -> None:
         self.save_checkpoint()
         distributed.leave_group()
+
+
+def _rng_state() -> dict[str, Any]:
+    """torch's, numpy's global and Python's RNG states, as tensors and plain values (so
+    the checkpoint loads with ``weights_only``)."""
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def check_values(msg: wire.Message, float_keys: tuple[str, ...], spec: Any) -> None:
+    """Experience a learner can train on: finite floats (one NaN would poison every
+    parameter, and the learner would publish them) and, for discrete actions, action
+    indices the model has. Shapes are checked by the caller."""
+    for key in float_keys:
+        if msg[key].dtype.kind != "f" or not np.isfinite(msg[key]).all():
+            raise wire.ProtocolError(f"'{key}' must be finite floats")
+    action = msg["action"]
+    if spec.num_actions is None:
+        if action.dtype.kind != "f" or not np.isfinite(action).all():
+            raise wire.ProtocolError("'action' must be finite floats (continuous actions)")
+    elif action.dtype.kind not in "iu" or (action.size and (
+            action.min() < 0 or action.max() >= spec.num_actions)):
+        raise wire.ProtocolError(f"'action' must be integers in [0, {spec.num_actions})")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from zmqrl import wire
@@ -70,6 +71,8 @@ class ParamServer(Node):
             if msg[name].shape != shape or msg[name].dtype.kind != "f":
                 raise wire.ProtocolError(f"grads '{name}': want float {list(shape)}, got "
                                          f"{msg[name].dtype} {list(msg[name].shape)}")
+            if not np.isfinite(msg[name]).all():  # one NaN would poison every parameter
+                raise wire.ProtocolError(f"grads '{name}' holds NaN or infinite values")
         grads = [msg[name] for name in self.shapes]
         terms = self.algo.apply_gradients(grads)
         self.grad_norm = terms["grad_norm"]
@@ -81,7 +84,8 @@ class ParamServer(Node):
             self._publish()
 
     def _params_message(self) -> list:
-        return wire.encode(wire.PARAMS, state_arrays(self.model), version=self.version)
+        return wire.encode(wire.PARAMS, state_arrays(self.model), version=self.version,
+                           source=self.incarnation)
 
     def _reply(self, envelope: list) -> None:
         self.send("grads", self._params_message(), envelope)

@@ -2,7 +2,8 @@
 
 Every process a test starts runs in its own session (process group); teardown sends
 SIGTERM, waits, then SIGKILLs the group, so nothing outlives the test. Sockets are ipc
-files under the test's tmp_path, so parallel runs cannot collide.
+files under the test's tmp_path, so parallel runs cannot collide; a test that needs tcp
+takes its ports from :func:`free_base_port`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process group at once, then reap each (so their shutdowns overlap)."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for proc in procs:
+        stop_process(proc)
 
 
 class Processes:
@@ -134,3 +147,30 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def free_base_port(count: int, host: str = "127.0.0.1") -> int:
+    """A ``network.base_port`` with ``count`` consecutive free tcp ports on ``host``.
+
+    Drawn at random below the kernel's ephemeral range (so outgoing connections do not
+    take the ports meanwhile) and checked by binding each, so parallel test runs on one
+    machine do not collide. Pair it with ``host:`` fields and ``network.base_port``.
+    """
+    import random
+    import socket
+
+    rng = random.SystemRandom()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_000 - count)
+        probes: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                probes.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                probes[-1].bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError(f"no {count} consecutive free tcp ports found on {host}")

@@ -1,4 +1,4 @@
-"""The ``zmqrl`` command line: up, node, procfile, validate, bench."""
+"""The ``zmqrl`` command line: up, node, procfile, validate, keys, bench."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import click
 import yaml
 
-from zmqrl import launch
+from zmqrl import launch, security
 from zmqrl.topology import Topology, TopologyError, load, merge
 
 
@@ -53,21 +53,50 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("topology", type=click.Path(dir_okay=False))
-@click.option("--run-dir", type=click.Path(file_okay=False), help="Default: runs/<name>-<time>.")
-@click.option("--max-steps", type=click.IntRange(min=1), help="Stop after this many env steps.")
+@click.argument("topology", required=False, type=click.Path(dir_okay=False))
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="Default: runs/<name>-<time>. Must hold no checkpoints (see --resume).")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False), metavar="RUN_DIR",
+              help="Continue the stopped (or crashed) run in RUN_DIR, in that directory: the "
+                   "learner and the replay restore their checkpoints. TOPOLOGY defaults to "
+                   "the run's own RUN_DIR/topology.yaml; give one (or --set) to change e.g. "
+                   "the actors, keeping the model, algorithm and replay settings.")
+@click.option("--max-steps", type=click.IntRange(min=1),
+              help="Stop after this many env steps (a resumed run counts its earlier steps).")
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True),
-              help="Stop after this long.")
+              help="Stop after this long (this invocation).")
 @click.option("--target-return", type=float,
               help="Stop once the mean return of the last 100 episodes reaches this.")
 @_set_option
-def up(topology: str, run_dir: str | None, max_steps: int | None, max_seconds: float | None,
-       target_return: float | None, sets: tuple[str, ...]) -> None:
-    """Run every node of TOPOLOGY on this machine until stopped."""
+def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
+       max_steps: int | None, max_seconds: float | None, target_return: float | None,
+       sets: tuple[str, ...]) -> None:
+    """Run every node of TOPOLOGY on this machine until stopped.
+
+    A new run refuses a --run-dir that holds checkpoints (it would silently resume or
+    overwrite that run): continue such a run with --resume RUN_DIR.
+    """
+    def check(directory: Path) -> None:
+        try:
+            launch.check_run_dir(directory, resume=resume_dir is not None)
+        except launch.RunDirError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+    if resume_dir is not None:
+        if run_dir is not None and Path(run_dir).resolve() != Path(resume_dir).resolve():
+            raise click.UsageError("--resume RUN_DIR names the run directory; drop --run-dir")
+        run_dir = resume_dir
+        check(Path(resume_dir))
+        if topology is None:
+            topology = str(Path(resume_dir) / "topology.yaml")
+    elif topology is None:
+        raise click.UsageError("missing TOPOLOGY (or --resume RUN_DIR)")
     topo = _load(topology, sets)
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo)
+    check(directory)
     stop = launch.StopConditions(max_steps, max_seconds, target_return)
-    sys.exit(launch.Supervisor(topo, directory, stop).run())
+    sys.exit(launch.Supervisor(topo, directory, stop, resume=resume_dir is not None).run())
 
 
 @main.command()
@@ -121,6 +150,28 @@ def validate(topologies: tuple[str, ...]) -> None:
         replicas = sum(s.replicas for s in topo.nodes.values())
         click.echo(f"ok: {path}: {len(topo.nodes)} nodes, {replicas} processes")
     sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Replace keys that already exist.")
+def keys(directory: str, force: bool) -> None:
+    """Make CURVE keys in DIRECTORY for a topology's `network: {curve: {keys: DIRECTORY}}`.
+
+    Writes a server keypair (server.key, server.key_secret) and a client keypair
+    (client.key, client.key_secret). Copy the directory to every host of the run; add
+    another client's public key as NAME.key to let it in too.
+    """
+    try:
+        written = security.write_keys(Path(directory), force)
+    except FileExistsError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    for path in written:
+        secret = path.name.endswith("_secret")
+        click.echo(f"wrote {path}" + (" (secret key: mode 600, keep it private)" if secret
+                                      else " (public key)"))
+    click.echo(f"use it with: network: {{curve: {{keys: {Path(directory).resolve()}}}}}")
 
 
 @main.command()

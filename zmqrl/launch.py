@@ -6,10 +6,16 @@ per-node log file, listens on an ipc ROUTER for hello/heartbeat/metrics, shows a
 progress line, restarts nodes by their restart policy, and stops everything on a
 signal or when a stop condition is met. It never leaves a child behind: SIGTERM first,
 SIGKILL to the process group after a grace period.
+
+A run directory that holds checkpoints belongs to a run that can be resumed: ``up``
+starts a new run only in a directory without them (:func:`check_run_dir`), and
+``up --resume`` starts the nodes in that directory again, where the learner and the
+replay restore their checkpoints and ``metrics/run.csv`` continues where it stopped.
 """
 
 from __future__ import annotations
 
+import csv
 import logging
 import math
 import os
@@ -31,12 +37,15 @@ from rich.live import Live
 from rich.text import Text
 
 from zmqrl import sockets, wire
+from zmqrl.checkpoint import existing_checkpoints
 from zmqrl.endpoints import Endpoints, supervisor_address
 from zmqrl.metrics import CsvLog
 from zmqrl.node import NodeContext
 from zmqrl.topology import Topology, load_class
 
 STOP_GRACE_S = 5.0
+# A node that ran this long before exiting starts its restart count afresh.
+HEALTHY_AFTER_S = 300.0
 SILENT_AFTER_S = 10.0  # no heartbeat for this long: the node is reported silent
 _COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
             "bright_magenta", "bright_green", "bright_yellow"]
@@ -45,6 +54,30 @@ _COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_
 def default_run_dir(topo: Topology, timestamped: bool = True) -> Path:
     stamp = time.strftime("-%Y%m%d-%H%M%S") if timestamped else ""
     return Path("runs") / f"{topo.name}{stamp}"
+
+
+class RunDirError(Exception):
+    """A run directory that ``up`` must not use as asked."""
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """Raise :class:`RunDirError` unless ``up`` may run in ``run_dir``.
+
+    A new run refuses a directory with checkpoints: its nodes would restore them, so the
+    old run would be resumed (or, once overwritten, lost) without anyone asking for it.
+    ``resume`` needs the directory to exist.
+    """
+    if resume:
+        if not run_dir.is_dir():
+            raise RunDirError(f"--resume {run_dir}: no such run directory")
+        return
+    found = existing_checkpoints(run_dir)
+    if found:
+        names = ", ".join(p.name for p in found)
+        raise RunDirError(
+            f"run directory {run_dir} already holds checkpoints ({names}) of an earlier "
+            f"run; continue that run with `zmqrl up --resume {run_dir}`, or choose another "
+            "--run-dir")
 
 
 # ----- one node ----------------------------------------------------------------------
@@ -103,6 +136,7 @@ class _Proc:
     popen: subprocess.Popen | None = None
     restarts: int = 0
     restart_at: float | None = None
+    started_at: float = 0.0
     last_heartbeat: float = field(default_factory=time.monotonic)
     reported_silent: bool = False
     failed: bool = False  # failed for good
@@ -120,9 +154,10 @@ class StopConditions:
 
 class Supervisor:
     def __init__(self, topo: Topology, run_dir: Path, stop: StopConditions,
-                 console: Console | None = None):
+                 console: Console | None = None, resume: bool = False):
         self.topo = topo
         self.run_dir = Path(run_dir)
+        self.resume = resume
         self.run_log: CsvLog | None = None
         self.stop = stop
         self.console = console or Console(highlight=False, soft_wrap=True)
@@ -136,8 +171,25 @@ class Supervisor:
         self.reason = ""
         self.exit_code = 0
         self.started = time.monotonic()
-        self._rate = (self.started, 0)
+        # A resumed run carries on the totals of metrics/run.csv (its last row): time,
+        # the actors' env steps (they count from 0 again) and episodes.
+        self.base_time_s, self.base_env_steps, self.base_episodes = 0.0, 0, 0
+        if resume:
+            self._load_base()
+        self._rate = (self.started, self.base_env_steps)
         self.steps_per_s = 0.0
+
+    def _load_base(self) -> None:
+        path = self.run_dir / "metrics" / "run.csv"
+        if not path.exists():
+            return
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if rows:
+            last = rows[-1]
+            self.base_time_s = float(last.get("time_s") or 0)
+            self.base_env_steps = int(float(last.get("env_steps") or 0))
+            self.base_episodes = int(float(last.get("episodes") or 0))
 
     # -- lifecycle --
     def run(self) -> int:
@@ -156,7 +208,8 @@ class Supervisor:
             for replica in range(spec.replicas):
                 label = name if spec.replicas == 1 else f"{name}.{replica}"
                 self.procs.append(_Proc(name, replica, label, _COLOURS[i % len(_COLOURS)]))
-        self.console.print(f"zmqrl up: {self.topo.name} -> {self.run_dir}", markup=False)
+        verb = "resuming " if self.resume else ""
+        self.console.print(f"zmqrl up: {verb}{self.topo.name} -> {self.run_dir}", markup=False)
         for proc in self.procs:
             self._spawn(proc)
         live = Live(self._progress(), console=self.console, refresh_per_second=4,
@@ -204,7 +257,7 @@ class Supervisor:
         proc.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env=env, text=True,
                                       start_new_session=True)
-        proc.last_heartbeat = time.monotonic()
+        proc.last_heartbeat = proc.started_at = time.monotonic()
         proc.reported_silent = False
         pump = threading.Thread(target=self._pump, args=(proc, proc.popen), daemon=True)
         pump.start()
@@ -252,7 +305,12 @@ class Supervisor:
         label = msg.fields.get("label") or ""
         proc = self._proc_by_label(label)
         if proc is not None:
-            proc.last_heartbeat = time.monotonic()
+            now = time.monotonic()
+            if proc.reported_silent:
+                proc.reported_silent = False
+                self.console.print(f"supervisor: {proc.label} is back after "
+                                   f"{now - proc.last_heartbeat:.0f}s of silence", markup=False)
+            proc.last_heartbeat = now
         if msg.type != wire.METRICS:
             return
         row = msg.fields.get("row") or {}
@@ -283,7 +341,8 @@ class Supervisor:
                 continue
             code = proc.popen.poll()
             if code is None:
-                if now - proc.last_heartbeat > SILENT_AFTER_S and not proc.reported_silent:
+                silent_after = self.topo.network.get("peer_timeout_s", SILENT_AFTER_S)
+                if now - proc.last_heartbeat > silent_after and not proc.reported_silent:
                     proc.reported_silent = True
                     self.console.print(f"supervisor: {proc.label} silent for "
                                        f"{now - proc.last_heartbeat:.0f}s", markup=False)
@@ -294,6 +353,9 @@ class Supervisor:
     def _on_exit(self, proc: _Proc, code: int, now: float) -> None:
         spec = self.topo.nodes[proc.node]
         wants_restart = spec.restart == "always" or (spec.restart == "on-failure" and code != 0)
+        if now - proc.started_at > HEALTHY_AFTER_S:
+            # max_restarts bounds a crash loop, not the crashes of a run that lasts days.
+            proc.restarts = 0
         if wants_restart and proc.restarts < spec.max_restarts:
             proc.restarts += 1
             delay = min(0.5 * 2 ** (proc.restarts - 1), 10.0)
@@ -313,8 +375,9 @@ class Supervisor:
     @property
     def total_env_steps(self) -> int:
         if self.env_steps:
-            return sum(self.env_steps.values())
-        return int(self.learner_row.get("env_steps", 0) or 0)
+            return self.base_env_steps + sum(self.env_steps.values())
+        # the learner's own count, which a resumed learner restores with its checkpoint
+        return max(self.base_env_steps, int(self.learner_row.get("env_steps", 0) or 0))
 
     def mean_return(self, last: int | None = None) -> float:
         values = self.returns_20 if last == 20 else self.returns
@@ -337,8 +400,8 @@ class Supervisor:
         if self.run_log is None:
             self.run_log = CsvLog(self.run_dir / "metrics" / "run.csv")
         self.run_log.write({
-            "time_s": round(time.monotonic() - self.started, 2),
-            "env_steps": self.total_env_steps, "episodes": self.episodes,
+            "time_s": round(self.base_time_s + time.monotonic() - self.started, 2),
+            "env_steps": self.total_env_steps, "episodes": self.base_episodes + self.episodes,
             "return_mean_20": round(self.mean_return(20), 2),
             "return_mean_100": round(self.mean_return(), 2),
             "updates": self.learner_row.get("updates", 0) if self.learner_row else 0,
@@ -349,7 +412,8 @@ class Supervisor:
         now = time.monotonic()
         t0, steps0 = self._rate
         if final:
-            self.steps_per_s = self.total_env_steps / max(now - self.started, 1e-9)
+            self.steps_per_s = ((self.total_env_steps - self.base_env_steps)
+                                / max(now - self.started, 1e-9))
         elif now - t0 >= 1.0:
             self.steps_per_s = (self.total_env_steps - steps0) / (now - t0)
             self._rate = (now, self.total_env_steps)
@@ -358,7 +422,7 @@ class Supervisor:
             f"{now - self.started:6.1f}s",
             f"env steps {self.total_env_steps:,}",
             f"{self.steps_per_s:,.0f} steps/s",
-            f"episodes {self.episodes}",
+            f"episodes {self.base_episodes + self.episodes}",
             f"return(20) {self.mean_return(20):.1f}",
             f"return(100) {self.mean_return():.1f}",
         ]

@@ -6,6 +6,14 @@ dataclass of ``Args``, and ``on_<port>`` handlers. The base class makes the sock
 error (and an ``error`` reply on ROUTER ports) while it keeps serving, answers ``ping``
 on every ROUTER port, reports hello/heartbeat/metrics to the supervisor when there is
 one, writes its metrics CSV into the run directory, and stops cleanly on SIGTERM/SIGINT.
+When the topology configures CURVE and the node binds tcp, it also runs the process's
+ZAP handler (:mod:`zmqrl.security`) for as long as its sockets are open.
+
+Peer liveness (the ZeroMQ Guide's Paranoid Pirate, client side): every DEALER link
+notes when it last heard anything from its peer. Silent for ``network.heartbeat_s`` (1 s),
+it pings (every ROUTER port answers ``pong``); silent for ``network.peer_timeout_s``
+(5 s), the peer is declared dead: logged once, counted (``silent_peers``), and
+:meth:`Node.on_peer_silent` runs, where a node reconnects and resends what it waits for.
 """
 
 from __future__ import annotations
@@ -24,14 +32,15 @@ from typing import Any, ClassVar
 
 import zmq
 
-from zmqrl import sockets, wire
+from zmqrl import security, sockets, wire
 from zmqrl.endpoints import Endpoints
 from zmqrl.metrics import CsvLog
 from zmqrl.topology import NodeSpec, Topology
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 1.0
+HEARTBEAT_S = 1.0  # to the supervisor, and the default peer ping interval
+PEER_TIMEOUT_S = 5.0  # default: a link peer silent this long is declared dead
 # The loop wakes at least this often, so a stop signal is honoured within it.
 MAX_POLL_MS = 100
 
@@ -128,6 +137,9 @@ class Outbox:
 class Node:
     binds: ClassVar[dict[str, str]] = {}  # port -> "router" | "pub" | "pull"
     port_hwm: ClassVar[dict[str, int]] = {}  # per-port queue bounds, where not the default
+    # "pub" ports bound as XPUB (sockets.SocketOptions.xpub); the node reads their
+    # subscriptions itself (they are not wire messages, so the loop does not poll them).
+    xpub_ports: ClassVar[frozenset[str]] = frozenset()
     links: ClassVar[dict[str, Link]] = {}
     Args: ClassVar[type] = NoArgs
     metrics_interval_s: ClassVar[float] = 2.0
@@ -149,7 +161,11 @@ class Node:
         # so a hostile peer cannot make us buffer an unbounded frame.
         self.max_message_bytes = int(
             ctx.topo.network.get("max_message_bytes", wire.MAX_MESSAGE_BYTES))
-        self.socket_options = sockets.SocketOptions(max_frame_bytes=2 * self.max_message_bytes)
+        # CURVE keys for tcp endpoints, if the topology turns it on (ipc stays plain).
+        self.curve = security.keys_for(ctx.topo)
+        self._auth: security.Authenticator | None = None
+        self.socket_options = sockets.SocketOptions(max_frame_bytes=2 * self.max_message_bytes,
+                                                    curve=self.curve)
         self._zctx = zmq.Context.instance()
         self.sockets: dict[str, zmq.Socket] = {}
         self._traffic: dict[str, list[int]] = {}  # name -> [msgs_in, bytes_in, msgs_out, bytes_out]
@@ -163,6 +179,11 @@ class Node:
         self._metrics_log = CsvLog(ctx.run_dir / "metrics" / f"{ctx.label}.csv")
         self._last_traffic: dict[str, list[int]] = {}
         self._last_metrics_t = self.started
+        self.heartbeat_s = float(ctx.topo.network.get("heartbeat_s", HEARTBEAT_S))
+        self.peer_timeout_s = float(ctx.topo.network.get("peer_timeout_s", PEER_TIMEOUT_S))
+        self._heard: dict[str, float] = {}  # DEALER socket -> when its peer last spoke
+        self._silent: set[str] = set()  # DEALER sockets whose peer is declared dead
+        self.silent_peers = 0  # times a link peer was declared dead
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -172,11 +193,20 @@ class Node:
     # ----- wiring -------------------------------------------------------------------
     def _open_sockets(self) -> None:
         opts = self.socket_options
+        bind_addresses = {port: self.ctx.endpoints.bind_address(self.ctx.spec.name, port,
+                                                                self.ctx.replica)
+                          for port in self.binds}
+        if self.curve is not None and any(map(security.is_tcp, bind_addresses.values())):
+            # Before the first bind: a client must never meet a CURVE server without
+            # its ZAP handler (the sockets would refuse it anyway; see security.py).
+            self._auth = security.Authenticator(self._zctx, self.curve, self.log)
+            self._auth.start()
         for port, kind in self.binds.items():
-            address = self.ctx.endpoints.bind_address(self.ctx.spec.name, port, self.ctx.replica)
+            address = bind_addresses[port]
             if address.startswith("ipc://"):
                 Path(address[6:]).unlink(missing_ok=True)  # a stale file from a dead process
-            port_opts = dataclasses.replace(opts, hwm=self.port_hwm.get(port, opts.hwm))
+            port_opts = dataclasses.replace(opts, hwm=self.port_hwm.get(port, opts.hwm),
+                                            xpub=port in self.xpub_ports)
             self._add_socket(port, sockets.bind(self._zctx, kind, address, port_opts))
         for name in self.links:
             if name in self.ctx.spec.links:
@@ -220,6 +250,8 @@ class Node:
 
     def _add_socket(self, name: str, sock: zmq.Socket) -> None:
         self.sockets[name] = sock
+        if sock.type == zmq.DEALER:
+            self._heard[name] = time.monotonic()
         self._traffic.setdefault(name, [0, 0, 0, 0])
         handler = self._custom_handlers.get(name) or getattr(self, f"on_{name}", None)
         if handler is not None or sock.type == zmq.ROUTER:
@@ -312,6 +344,28 @@ class Node:
     def teardown(self) -> None:
         """Flush what must be flushed; sockets are closed afterwards."""
 
+    def on_peer_silent(self, name: str) -> None:
+        """The peer of DEALER socket ``name`` said nothing for ``peer_timeout_s``, pings
+        included (already logged and counted). Nodes that wait on it for a reply
+        reconnect and resend here; the default only reports, because ZeroMQ reconnects
+        by itself and a producer's credit comes back by itself (see Outbox)."""
+
+    def _check_peers(self) -> None:
+        now = time.monotonic()
+        for name, heard in list(self._heard.items()):
+            silent = now - heard
+            if silent < self.heartbeat_s:
+                continue
+            try:  # a ping costs a few bytes; a full queue means the peer is not reading
+                sockets.send(self.sockets[name], wire.encode(wire.PING), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            if silent >= self.peer_timeout_s and name not in self._silent:
+                self._silent.add(name)
+                self.silent_peers += 1
+                self.log.warning("peer on '%s' silent for %.1fs: declared dead", name, silent)
+                self.on_peer_silent(name)
+
     # ----- the loop -----------------------------------------------------------------
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -323,6 +377,8 @@ class Node:
                          node=self.ctx.spec.name, replica=self.ctx.replica,
                          incarnation=self.incarnation, pid=os.getpid())
             self.every(HEARTBEAT_S, lambda: self._report(wire.HEARTBEAT))
+            if self._heard:
+                self.every(self.heartbeat_s, self._check_peers)
             self.every(self.metrics_interval_s, self._emit_metrics)
             self.log.info("up (incarnation %s)", self.incarnation)
             while not self.stopping:
@@ -338,6 +394,8 @@ class Node:
             for sock in list(self.sockets.values()) + [self._supervisor]:
                 if sock is not None:
                     sock.close()  # LINGER bounds how long this may wait
+            if self._auth is not None:
+                self._auth.stop()
         self.log.info("stopped")
         return 0
 
@@ -356,10 +414,14 @@ class Node:
             envelope, body = sockets.split_envelope(frames) if is_router else ([], frames)
             stats[0] += 1
             stats[1] += sum(len(f) for f in body)
+            if name in self._heard:
+                self._peer_heard(name)
             try:
                 msg = wire.decode(body, self.max_message_bytes)
                 if msg.type == wire.PING and envelope:
                     self.send(name, wire.encode(wire.PONG, node=self.ctx.label), envelope)
+                elif msg.type == wire.PONG and not envelope:
+                    pass  # an answer to our liveness ping: hearing it was the point
                 elif handler is None:
                     raise wire.ProtocolError(f"port '{name}' accepts only ping")
                 else:
@@ -371,6 +433,14 @@ class Node:
                     self.send(name, wire.error_reply(str(exc)), envelope)
             if self.stopping or name in self._paused:
                 return
+
+    def _peer_heard(self, name: str) -> None:
+        now = time.monotonic()
+        if name in self._silent:
+            self._silent.discard(name)
+            self.log.info("peer on '%s' answers again after %.1fs", name,
+                          now - self._heard[name])
+        self._heard[name] = now
 
     def _fire_timers(self) -> None:
         now = time.monotonic()
@@ -402,6 +472,10 @@ class Node:
             self._last_traffic[name] = list(stats)
         row["bad_messages"] = self.bad_messages
         row["dropped"] = self.dropped
+        if self._heard:
+            row["silent_peers"] = self.silent_peers
+        if self._auth is not None:
+            row["auth_denied"] = self._auth.denied  # CURVE handshakes refused by ZAP
         self._last_metrics_t = now
         self._metrics_log.write(row)
         self._report(wire.METRICS, row=row, episodes=self.episode_log)

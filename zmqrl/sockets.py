@@ -3,7 +3,8 @@
 Nodes never call ``zmq.Context.socket`` or ``setsockopt`` themselves: every socket
 gets bounded queues (HWM), a per-frame size cap, a bounded linger and reconnect
 back-off from here, so that no socket in the system can grow without bound or hang
-shutdown.
+shutdown. When the topology configures CURVE, sockets on tcp endpoints also get their
+keys here (:mod:`zmqrl.security`); ipc endpoints stay plain.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from zmqrl import wire
+from zmqrl import security, wire
 
 BIND_TYPES = {
     "router": zmq.ROUTER,
@@ -40,6 +41,12 @@ class SocketOptions:
     # Queue only on completed connections: a producer whose consumer is not up yet
     # gets EAGAIN instead of filling a queue with data that will be stale on arrival.
     immediate: bool = False
+    # CURVE keys for tcp endpoints (None: plain tcp). ipc endpoints ignore them.
+    curve: security.CurveKeys | None = None
+    # Bind a "pub" port as an XPUB: a PUB to every subscriber, which also hands the node
+    # each new subscription (XPUB_VERBOSE: every one, not only the first per topic), so
+    # it can answer a late joiner at once (the learner sends it the current params).
+    xpub: bool = False
 
 
 def _configure(sock: zmq.Socket, opts: SocketOptions) -> None:
@@ -55,13 +62,17 @@ def _configure(sock: zmq.Socket, opts: SocketOptions) -> None:
         # A reply to a peer that has gone raises EHOSTUNREACH instead of vanishing,
         # so the node can count it.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if sock.type == zmq.XPUB:
+        sock.setsockopt(zmq.XPUB_VERBOSE, 1)
     if sock.type == zmq.SUB:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
 
 
 def bind(ctx: zmq.Context, kind: str, address: str, opts: SocketOptions) -> zmq.Socket:
-    sock = ctx.socket(BIND_TYPES[kind])
+    sock = ctx.socket(zmq.XPUB if kind == "pub" and opts.xpub else BIND_TYPES[kind])
     _configure(sock, opts)
+    if opts.curve is not None and security.is_tcp(address):
+        security.make_server(sock, opts.curve)  # before bind: the mechanism is per socket
     sock.bind(address)
     return sock
 
@@ -71,6 +82,14 @@ def connect(
 ) -> zmq.Socket:
     sock = ctx.socket(CONNECT_TYPES[kind])
     _configure(sock, opts)
+    tcp = [security.is_tcp(a) for a in addresses]
+    if opts.curve is not None and any(tcp):
+        # One mechanism per socket: a link's addresses are one node's replicas, all
+        # tcp or all ipc, so this cannot happen from a topology.
+        if not all(tcp):
+            sock.close(linger=0)
+            raise ValueError(f"cannot mix tcp and ipc endpoints under CURVE: {addresses}")
+        security.make_client(sock, opts.curve)
     for address in addresses:
         sock.connect(address)
     return sock

@@ -5,6 +5,10 @@ A topology names the env, model and algorithm once, then its nodes: each has a `
 (any program that speaks the wire protocol), plus ``replicas``, ``args`` and ``links``
 (``{link_name: "node.port"}``). Every problem is reported at once, each naming the
 file, the node and the field.
+
+Paths in a topology file (``network.curve.keys``) are relative to the file's directory;
+:func:`load` makes them absolute, so the resolved topology a run directory holds still
+names the same files.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +24,8 @@ from typing import Any
 
 import jsonschema
 import yaml
+
+from zmqrl import security
 
 # kind -> "module:Class". A topology can also say impl: "pkg.mod:Class" for any other.
 NODE_KINDS = {
@@ -55,6 +62,17 @@ SCHEMA: dict[str, Any] = {
             "properties": {
                 "base_port": {"type": "integer", "minimum": 1024, "maximum": 65000},
                 "max_message_bytes": {"type": "integer", "minimum": 1024},
+                # peer liveness (node.py): ping a silent link peer after heartbeat_s,
+                # declare it dead after peer_timeout_s (the supervisor uses it too)
+                "heartbeat_s": {"type": "number", "exclusiveMinimum": 0},
+                "peer_timeout_s": {"type": "number", "exclusiveMinimum": 0},
+                # CURVE on every tcp endpoint; keys: a directory made by `zmqrl keys`
+                "curve": {
+                    "type": "object",
+                    "required": ["keys"],
+                    "additionalProperties": False,
+                    "properties": {"keys": {"type": "string", "minLength": 1}},
+                },
             },
         },
         "nodes": {
@@ -167,9 +185,23 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Topology:
         raise TopologyError([f"{path}: no such file"]) from None
     except yaml.YAMLError as exc:
         raise TopologyError([f"{path}: not valid YAML: {exc}"]) from None
+    # A path in the file is relative to the file; one given on the command line
+    # (--set network.curve.keys=...) to the working directory.
+    _absolute_paths(raw, path.parent)
     if overrides:
+        overrides = copy.deepcopy(overrides)
+        _absolute_paths(overrides, Path.cwd())
         raw = merge(raw, overrides)
     return from_dict(raw, str(path))
+
+
+def _absolute_paths(raw: Any, base: Path) -> None:
+    """Make ``network.curve.keys`` absolute, relative to ``base`` (in place)."""
+    curve = raw.get("network") if isinstance(raw, dict) else None
+    curve = curve.get("curve") if isinstance(curve, dict) else None
+    keys = curve.get("keys") if isinstance(curve, dict) else None
+    if isinstance(keys, str) and keys:
+        curve["keys"] = os.path.abspath(base / os.path.expanduser(keys))
 
 
 def merge(base: Any, overrides: dict[str, Any]) -> Any:
@@ -286,7 +318,16 @@ def _semantic_errors(topo: Topology, broken: set[str]) -> list[tuple[tuple, str]
                 errors.append((where, f"a {cls.links[link].socket} link cannot connect to "
                                       f"'{target}', a {ports[port]} port"))
     errors += _algo_errors(topo.algo)
+    errors += _network_errors(topo.network)
     return errors
+
+
+def _network_errors(network: dict[str, Any]) -> list[tuple[tuple, str]]:
+    directory = security.configured_dir(network)
+    if directory is None:
+        return []
+    return [(("network", "curve", "keys"), problem)
+            for problem in security.check_key_dir(directory)]
 
 
 def _algo_errors(algo: dict[str, Any]) -> list[tuple[tuple, str]]:
@@ -296,7 +337,12 @@ def _algo_errors(algo: dict[str, Any]) -> list[tuple[tuple, str]]:
     if kind not in ALGOS:
         return [(("algo", "kind"), f"unknown algorithm '{kind}' (known: {', '.join(ALGOS)})")]
     config_type = ALGOS[kind][0]
-    return [(("algo", key), msg) for key, msg in _fields_errors(config_type, algo, kind)]
+    errors = [(("algo", key), msg) for key, msg in _fields_errors(config_type, algo, kind)]
+    # Cross-field checks a config may define (R2D2: burn-in < sequence length, ...).
+    field_errors = getattr(config_type, "field_errors", None)
+    if not errors and field_errors is not None:
+        errors += [(("algo", key), msg) for key, msg in field_errors(algo)]
+    return errors
 
 
 def _fields_errors(dataclass_type: type | None, values: dict[str, Any],

@@ -33,6 +33,10 @@ INLINE_MAX_BYTES = 16 * 1024
 # Default cap for one message (all frames). Sockets also set ZMQ_MAXMSGSIZE per frame.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
+# Most dimensions an array may have: numpy 1.x's limit (2.x allows 64), so that every
+# receiver built on numpy can represent what it accepts.
+MAX_DIMS = 32
+
 # Message types. Requests (ping, step, sample, grads, get_params) get exactly one reply
 # (pong, act, batch, params, params) or ``error``; docs/protocol.md pairs them.
 HELLO = "hello"  # node -> supervisor: I started (kind, name, replica, incarnation, pid)
@@ -136,6 +140,10 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise ProtocolError(f"header is not msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a msgpack {type(header).__name__}, not a map")
+    # msgpack's strict_map_key still lets bin keys through; the protocol wants str only.
+    bad_keys = [k for k in header if not isinstance(k, str)]
+    if bad_keys:
+        raise ProtocolError(f"header keys must be strings, got {bad_keys[0]!r:.40}")
     version = header.get("v")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -159,14 +167,22 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         if data is None:
             data = _buffer(frames[next_frame])
             next_frame += 1
-        expected = math.prod(shape) * np.dtype(dtype).itemsize
+        itemsize = np.dtype(dtype).itemsize
+        if math.prod(d for d in shape if d) * itemsize >= 2**63:
+            # an empty array's byte count (0) would check out; no such array can exist
+            raise ProtocolError(f"array {name!r}: shape {shape!r:.80} is too large")
+        expected = math.prod(shape) * itemsize
         if len(data) != expected:
             raise ProtocolError(
                 f"array {name!r}: {len(data)} bytes but {dtype}{tuple(shape)} needs {expected}"
             )
         if name in arrays:
             raise ProtocolError(f"array {name!r} appears twice")
-        arrays[name] = np.frombuffer(data, dtype=dtype).reshape(shape)
+        try:
+            arrays[name] = np.frombuffer(data, dtype=dtype).reshape(shape)
+        except (ValueError, OverflowError) as exc:  # whatever else numpy cannot build
+            raise ProtocolError(f"array {name!r}: shape {shape!r:.80} is not "
+                                f"representable ({exc})") from None
     fields = {k: v for k, v in header.items() if k not in _RESERVED}
     return Message(msg_type, fields, arrays)
 
@@ -182,6 +198,8 @@ def _check_spec(spec: Any) -> tuple[str, str, list[int], bytes | None]:
         raise ProtocolError(f"array {name!r}: dtype {dtype!r:.40} not allowed")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise ProtocolError(f"array {name!r}: shape {shape!r:.80} is not a list of sizes")
+    if len(shape) > MAX_DIMS:
+        raise ProtocolError(f"array {name!r}: {len(shape)} dimensions, at most {MAX_DIMS}")
     if data is not None and not isinstance(data, bytes):
         raise ProtocolError(f"array {name!r}: inline data is not msgpack bin")
     return name, dtype, shape, data

@@ -14,6 +14,7 @@ and steps its optimizer. ``update(batch)`` is exactly ``apply_gradients(gradient
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -78,6 +79,14 @@ class A2CLearner:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps)
         self.updates = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs besides the model: optimizer and update counter."""
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """``batch``: obs [T+1, B, ...], action/reward/done [T, B] (logp is unused)."""

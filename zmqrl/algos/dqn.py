@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -240,6 +241,17 @@ class DQNLearner:
 
     def sync_target(self) -> None:
         self.target_model.load_state_dict(self.model.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs besides the model: optimizer, the target network and
+        the update counter that times its next sync."""
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                "target_model": self.target_model.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.target_model.load_state_dict(state["target_model"])
+        self.updates = int(state["updates"])
 
     def loss(self, batch: dict[str, torch.Tensor]
              ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:

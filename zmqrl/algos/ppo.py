@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -140,7 +141,16 @@ class PPOLearner:
         self.allreduce = allreduce
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_adam(self.params, cfg.lr, cfg.adam_eps, cfg.light_adam)
-        self.updates = 0  # drives lr annealing; a resumed learner may set it
+        self.updates = 0  # drives lr annealing; restored with the checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs besides the model (observation statistics are model
+        buffers): the optimizer, and the update count that drives lr annealing."""
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
 
     def _sum_reduce(self, tensor: torch.Tensor) -> None:
         # The hook averages; RunningNorm.update only depends on ratios of the reduced

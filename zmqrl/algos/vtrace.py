@@ -11,7 +11,7 @@ both the bootstrap and the product of trace coefficients.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -123,6 +123,13 @@ class VTraceLearner:
         self.cfg = cfg
         self.model = model
         self.optimizer = make_adam(model.parameters(), cfg.lr, cfg.adam_eps, cfg.light_adam)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs besides the model: the optimizer's moments."""
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """``batch``: obs [T+1, B, ...], action/logp/reward/done [T, B]."""

@@ -60,6 +60,18 @@ def state_arrays(model: nn.Module) -> dict:
     return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
 
 
+def wants_params(version: int, source: Any, held_version: int, held_source: Any) -> bool:
+    """Whether a subscriber holding ``held_version`` from publisher ``held_source``
+    should load ``params`` of ``version`` from ``source`` (an incarnation id): newer ones
+    always; older ones when they come from another publisher, which means the publisher
+    restarted from a checkpoint behind what we hold, and its line is the one that
+    continues. (Equal versions from another publisher are the data-parallel replicas'
+    identical copies: nothing to load.)"""
+    if version > held_version:
+        return True
+    return source is not None and source != held_source and version < held_version
+
+
 def load_state_arrays(model: nn.Module, arrays: dict) -> None:
     state = {k: torch.tensor(v) for k, v in arrays.items()}  # frames are read-only: copy
     model.load_state_dict(state, strict=True)
