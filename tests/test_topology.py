@@ -65,6 +65,20 @@ def test_seed_topology_is_valid():
         (lambda t: t["algo"].update(lr="fast"), "t.yaml: field 'algo.lr': 'fast' is not float"),
         (lambda t: t["algo"].update(kind="sarsa"),
          "t.yaml: field 'algo.kind': unknown algorithm 'sarsa'"),
+        (lambda t: t["env"].update(id="CartPoel-v1"),
+         "t.yaml: field 'env.id': 'CartPoel-v1': Environment `CartPoel` doesn't exist"),
+        (lambda t: t["model"].update(hiden=[8]),
+         "t.yaml: field 'model': model (mlp): ActorCritic.__init__() got an unexpected "
+         "keyword argument 'hiden'"),
+        (lambda t: t["model"].update(kind="lstm_q", squash="tanh"),
+         "t.yaml: field 'model': model (lstm_q)"),
+        (lambda t: t.update(env={"id": "InvertedPendulum-v5"}, model={"kind": "dueling_mlp"}),
+         "t.yaml: field 'model': model dueling_mlp needs a discrete action space"),
+        (lambda t: t.update(algo={"kind": "r2d2", "sequence_length": 10, "burn_in": 10}),
+         "t.yaml: field 'algo.burn_in': 10: must be >= 0 and < sequence_length (10)"),
+        (lambda t: t["nodes"]["learner"].update(replicas=2),
+         "t.yaml: node 'learner', field 'replicas': data-parallel learner replicas need "
+         "algo ppo, not 'vtrace'"),
     ],
 )
 def test_each_error_names_file_node_and_field(mutate, expected):

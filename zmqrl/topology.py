@@ -318,8 +318,34 @@ def _semantic_errors(topo: Topology, broken: set[str]) -> list[tuple[tuple, str]
                 errors.append((where, f"a {cls.links[link].socket} link cannot connect to "
                                       f"'{target}', a {ports[port]} port"))
     errors += _algo_errors(topo.algo)
+    errors += _env_model_errors(topo)
     errors += _network_errors(topo.network)
     return errors
+
+
+def _env_model_errors(topo: Topology) -> list[tuple[tuple, str]]:
+    """Make the env once and build the model for it, so that an unknown env id, a
+    model that does not fit the env (a Q-network for continuous actions) or a bad model
+    option is reported here, not as a crash loop of every node at start."""
+    import gymnasium as gym  # heavy, and only needed here
+
+    from zmqrl.envs import env_spec
+    from zmqrl.models import build_model
+
+    env_id = topo.env.get("id")
+    if not isinstance(env_id, str):
+        return []  # the schema reports it
+    try:
+        spec = env_spec(topo.env)
+    except gym.error.Error as exc:
+        return [(("env", "id"), f"'{env_id}': {exc}")]
+    except (ValueError, TypeError) as exc:
+        return [(("env",), f"'{env_id}': {exc}")]
+    try:
+        build_model(topo.model, spec)
+    except (ValueError, TypeError) as exc:
+        return [(("model",), str(exc))]
+    return []
 
 
 def _network_errors(network: dict[str, Any]) -> list[tuple[tuple, str]]:

@@ -219,7 +219,8 @@ class DuelingQNetwork(nn.Module):
         hidden = list(hidden)
         super().__init__()
         if spec.num_actions is None:
-            raise ValueError("continuous actions are not supported by this model")
+            raise ValueError("model dueling_mlp needs a discrete action space (Q-learning picks "
+                             "among actions); use an actor-critic algo for Box actions")
         obs_dim = int(torch.tensor(spec.obs_shape).prod()) if spec.obs_shape else 1
         layers: list[nn.Module] = []
         for n_in, n_out in zip([obs_dim, *hidden[:-1]], hidden, strict=True):
