@@ -18,15 +18,13 @@ gamma^m (or 0), so the learner never needs to know n.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from zmqrl.algos import gradients
+from zmqrl.algos.target_q import TargetQLearner
 
 # ------------------------------------------------------------------ n-step transitions
 
@@ -227,31 +225,13 @@ class DQNConfig:
     adam_eps: float = 1.5e-4
 
 
-class DQNLearner:
+class DQNLearner(TargetQLearner):
     """One prioritized n-step (double) DQN update per call; keeps a target network."""
 
     def __init__(self, cfg: DQNConfig, model: torch.nn.Module):
         self.cfg = cfg
-        self.model = model
-        self.target_model = copy.deepcopy(model)
-        self.target_model.requires_grad_(False)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        super().__init__(cfg, model)
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps)
-        self.updates = 0
-
-    def sync_target(self) -> None:
-        self.target_model.load_state_dict(self.model.state_dict())
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs besides the model: optimizer, the target network and
-        the update counter that times its next sync."""
-        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                "target_model": self.target_model.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.target_model.load_state_dict(state["target_model"])
-        self.updates = int(state["updates"])
 
     def loss(self, batch: dict[str, torch.Tensor]
              ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
@@ -278,27 +258,3 @@ class DQNLearner:
             "td_abs_mean": priorities.mean().item(),
         }
         return loss, terms, priorities
-
-    def gradients(self, batch: dict[str, torch.Tensor]
-                  ) -> tuple[list[torch.Tensor], dict[str, float], torch.Tensor]:
-        """(gradients, loss terms, priorities) without stepping: for Gorila learners."""
-        loss, terms, priorities = self.loss(batch)
-        return gradients.compute(loss, self.params), terms, priorities
-
-    def apply_gradients(self, grads: list[torch.Tensor]) -> dict[str, float]:
-        """Clip and apply ``grads`` (for the parameter server); counts an update."""
-        grad_norm = gradients.apply(self.params, self.optimizer, grads, self.cfg.max_grad_norm)
-        self.after_update()
-        return {"grad_norm": grad_norm}
-
-    def after_update(self) -> None:
-        """Count an update of the online network and sync the target when due."""
-        self.updates += 1
-        if self.updates % self.cfg.target_update_every == 0:
-            self.sync_target()
-
-    def update(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, float], torch.Tensor]:
-        """One update. Returns (loss terms, new priorities |td| [B] as float32 CPU)."""
-        grads, terms, priorities = self.gradients(batch)
-        terms.update(self.apply_gradients(grads))
-        return terms, priorities

@@ -31,7 +31,6 @@ so the last steps of a sequence bootstrap with fewer than n rewards (from obs L)
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from zmqrl.algos import gradients
 from zmqrl.algos.optim import make_adam
+from zmqrl.algos.target_q import TargetQLearner
 
 # ------------------------------------------------------------------ value rescaling
 
@@ -228,34 +227,15 @@ class R2D2Config:
         return errors
 
 
-class R2D2Learner:
+class R2D2Learner(TargetQLearner):
     """One prioritized R2D2 update per call over a batch of sequences; keeps a target
     network. The loss of a sequence is the mean over its learning steps of
     0.5 * td^2 in the rescaled space (squared, as in R2D2; no Huber), weighted by the
     sequence's importance weight, then averaged over the batch."""
 
     def __init__(self, cfg: R2D2Config, model: torch.nn.Module):
-        self.cfg = cfg
-        self.model = model
-        self.target_model = copy.deepcopy(model).eval()
-        self.target_model.requires_grad_(False)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        super().__init__(cfg, model)
         self.optimizer = make_adam(self.params, cfg.lr, cfg.adam_eps, cfg.light_adam)
-        self.updates = 0
-
-    def sync_target(self) -> None:
-        self.target_model.load_state_dict(self.model.state_dict())
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs besides the model: optimizer, the target network and
-        the update counter that times its next sync."""
-        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                "target_model": self.target_model.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.target_model.load_state_dict(state["target_model"])
-        self.updates = int(state["updates"])
 
     def loss(self, batch: dict[str, torch.Tensor]
              ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
@@ -290,28 +270,3 @@ class R2D2Learner:
         terms = {"loss": loss.item(), "q_mean": q_taken.mean().item(),
                  "td_abs_mean": td_abs.mean().item()}
         return loss, terms, priorities
-
-    def gradients(self, batch: dict[str, torch.Tensor]
-                  ) -> tuple[list[torch.Tensor], dict[str, float], torch.Tensor]:
-        """(gradients, loss terms, priorities) without stepping: for Gorila learners."""
-        loss, terms, priorities = self.loss(batch)
-        return gradients.compute(loss, self.params), terms, priorities
-
-    def apply_gradients(self, grads: list[torch.Tensor]) -> dict[str, float]:
-        """Clip and apply ``grads`` (for the parameter server); counts an update."""
-        grad_norm = gradients.apply(self.params, self.optimizer, grads, self.cfg.max_grad_norm)
-        self.after_update()
-        return {"grad_norm": grad_norm}
-
-    def after_update(self) -> None:
-        """Count an update of the online network and sync the target when due."""
-        self.updates += 1
-        if self.updates % self.cfg.target_update_every == 0:
-            self.sync_target()
-
-    def update(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, float], torch.Tensor]:
-        """One update. Returns (loss terms, new priorities [B] as float32 CPU), the
-        priorities from the TD errors before the step."""
-        grads, terms, priorities = self.gradients(batch)
-        terms.update(self.apply_gradients(grads))
-        return terms, priorities
