@@ -364,8 +364,9 @@ class Actor(Node):
         if self.outbox is not None:
             self.outbox.push(wire.encode(wire.UNROLL, unroll, version=version))
             return
-        batch = {k: torch.from_numpy(unroll[k]) for k in ("obs", "action", "logp", "reward",
-                                                          "done")}
+        # (an lstm_ac worker's unrolls also carry state_h/state_c)
+        batch = {k: torch.from_numpy(v) for k, v in unroll.items()
+                 if k not in ("ep_return", "ep_length")}
         grads, _ = self.worker.gradients(batch)
         names = [name for name, p in self.model.named_parameters() if p.requires_grad]
         arrays = {name: g.numpy() for name, g in zip(names, grads, strict=True)}

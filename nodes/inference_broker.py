@@ -41,7 +41,7 @@ from zmqrl.models import (
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.sequences import RecurrentEnvs
 from zmqrl.topology import NodeSpec, Topology
-from zmqrl.unroll import UnrollBuilder
+from zmqrl.unroll import PolicyState, UnrollBuilder, act_recurrent
 
 
 class InferenceBroker(Node):
@@ -86,8 +86,12 @@ class InferenceBroker(Node):
         self.pending_envs = 0
         self.first_pending_at = 0.0
         self.unrolls: dict[bytes, UnrollBuilder] = {}  # per actor connection
-        self.recurrent = self.ctx.topo.algo.get("kind", "vtrace") in SEQUENCE_ALGOS
-        if self.recurrent:
+        # r2d2: recurrent Q acting and sequences for a replay, instead of unrolls
+        self.q_sequences = self.ctx.topo.algo.get("kind", "vtrace") in SEQUENCE_ALGOS
+        # a recurrent actor-critic (lstm_ac): an LSTM state per env, carried by unrolls
+        self.recurrent_policy = getattr(self.model, "recurrent", False) and not self.q_sequences
+        self.policy_states: dict[bytes, PolicyState] = {}  # per actor connection
+        if self.q_sequences:
             self.r2d2 = make_algo_config(self.ctx.topo.algo)
         self.groups: dict[bytes, RecurrentEnvs] = {}  # r2d2: per actor connection
         self.last_seen: dict[bytes, float] = {}
@@ -142,12 +146,14 @@ class InferenceBroker(Node):
         if (returns is None) != (lengths is None) or (
                 returns is not None and (returns.ndim != 1 or returns.shape != lengths.shape)):
             raise wire.ProtocolError("'ep_return' and 'ep_length' must come together, same length")
-        if self.recurrent:
+        if self.q_sequences:
             self._record_sequence_outcome(envelope, msg)
         elif self.ship:
             # Outcomes are recorded on arrival, so a rollout that this request completes
             # ships before we act on it (in sync mode: before we wait for new params).
             self._record_outcome(envelope, msg)
+        elif self.recurrent_policy:  # nothing to ship, but memories still end with episodes
+            self._policy_state(envelope, n).end_episodes(msg["done"])
         if not self.pending:
             self.first_pending_at = time.perf_counter()
         self.pending.append((envelope, msg))
@@ -220,24 +226,29 @@ class InferenceBroker(Node):
             obs = np.concatenate([m["obs"] for _, m in batch])
         else:
             obs = batch[0][1]["obs"].copy()
-        if self.recurrent:
+        used_states: list = [None] * len(batch)
+        if self.q_sequences:
             action = self._act_recurrent(batch, obs)
             logp = np.zeros(len(action), np.float32)
+        elif self.recurrent_policy:
+            states = [self._policy_state(envelope, m["obs"].shape[0]) for envelope, m in batch]
+            action, logp, used_states = act_recurrent(self.model, obs, states)
+            action = action.astype(self.spec.action_dtype, copy=False)
         else:
             action, logp = self.model.act(torch.from_numpy(obs).to(self.device))
             action = action.cpu().numpy().astype(self.spec.action_dtype, copy=False)
             logp = logp.cpu().numpy()
         now = time.perf_counter()
         start = 0
-        for envelope, msg in batch:
+        for (envelope, msg), used in zip(batch, used_states, strict=True):
             n = msg["obs"].shape[0]
             a, lp = action[start:start + n], logp[start:start + n]
             start += n
             self.send("policy", wire.encode(wire.ACT, {"action": a}, seq=msg.fields.get("seq")),
                       envelope)
             self.latency.add(now - self.first_pending_at)
-            if self.ship and not self.recurrent:
-                self._record_action(envelope, a, lp)
+            if self.ship and not self.q_sequences:
+                self._record_action(envelope, a, lp, used)
         self.env_steps += envs
         self.batches += 1
         self.batch_envs += envs
@@ -252,13 +263,22 @@ class InferenceBroker(Node):
         n = msg["obs"].shape[0]
         builder = self.unrolls.get(key)
         if builder is None or builder.n != n:
-            builder = self.unrolls[key] = UnrollBuilder(self.spec, self.unroll, n)
+            state_size = self.model.state_size if self.recurrent_policy else 0
+            builder = self.unrolls[key] = UnrollBuilder(self.spec, self.unroll, n, state_size)
         self.last_seen[key] = time.monotonic()
         reward = msg["reward"]
         truncated, final_obs = msg.arrays.get("truncated"), msg.arrays.get("final_obs")
-        if truncated is not None and final_obs is not None:
-            reward = bootstrap_truncated(reward, truncated, final_obs, self.model,
-                                         self.discount, self.reward_scale)
+        state = self._policy_state(envelope, n) if self.recurrent_policy else None
+        if truncated is not None and final_obs is not None and truncated.any():
+            if state is None:
+                reward = bootstrap_truncated(reward, truncated, final_obs, self.model,
+                                             self.discount, self.reward_scale)
+            else:  # V(final obs) continues the env's memory
+                reward = np.array(reward, np.float32)
+                reward[truncated] += self.discount * state.values_after(
+                    self.model, final_obs, truncated) / self.reward_scale
+        if state is not None:
+            state.end_episodes(msg["done"])
         builder.outcome(reward, msg["done"])
         returns = msg.arrays.get("ep_return")
         if returns is not None and returns.size:
@@ -268,10 +288,18 @@ class InferenceBroker(Node):
         if finished is not None:
             self._ship(*finished)
 
-    def _record_action(self, envelope: list, action: np.ndarray, logp: np.ndarray) -> None:
+    def _record_action(self, envelope: list, action: np.ndarray, logp: np.ndarray,
+                       state: tuple | None = None) -> None:
         builder = self.unrolls.get(self._key(envelope))
         if builder is not None:  # None: forgotten as silent meanwhile
-            builder.act(action, logp, self.version)
+            builder.act(action, logp, self.version, state)
+
+    def _policy_state(self, envelope: list, n: int) -> PolicyState:
+        key = self._key(envelope)
+        state = self.policy_states.get(key)
+        if state is None or state.n != n:  # a new connection starts from zero states
+            state = self.policy_states[key] = PolicyState(n, self.model.state_size)
+        return state
 
     def _ship(self, unroll: dict[str, np.ndarray], version: int) -> None:
         if self.episodes_returns:
@@ -317,6 +345,7 @@ class InferenceBroker(Node):
         for key in [k for k, seen in self.last_seen.items() if seen < cutoff]:
             self.unrolls.pop(key, None)
             self.groups.pop(key, None)
+            self.policy_states.pop(key, None)
             del self.last_seen[key]
 
     # ----- recurrent state and sequences (r2d2) ---------------------------------------
@@ -371,7 +400,7 @@ class InferenceBroker(Node):
             "latency_p99_ms": p99,
             "outbox": len(self.outbox),
             "backpressure_pauses": self.pauses,
-            "actors": len(self.groups if self.recurrent else self.unrolls),
+            "actors": len(self.groups if self.q_sequences else self.unrolls),
         }
         self.batch_envs = self.batches = 0
         return row

@@ -55,6 +55,7 @@ from zmqrl.node import Link, Node
 from zmqrl.topology import NodeSpec, Topology
 
 _UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
+_STATE_KEYS = ("state_h", "state_c")  # unrolls of a recurrent policy (lstm_ac)
 _TRANSITION_KEYS = ("obs", "action", "reward", "discount", "next_obs")
 _SEQUENCE_KEYS = ("obs", "action", "reward", "done", "state_h", "state_c")
 # Algorithms whose learner can average gradients over data-parallel replicas.
@@ -141,6 +142,9 @@ class Learner(Node):
         self.local_batch = self.cfg.batch_size // self.world  # columns this replica trains on
         self.digest: tuple[int, str] | None = None
         self.batch_keys = _SEQUENCE_KEYS if self.kind in SEQUENCE_ALGOS else _TRANSITION_KEYS
+        recurrent_policy = getattr(self.model, "recurrent", False) and self.kind in UNROLL_ALGOS
+        self.state_size = self.model.state_size if recurrent_policy else 0
+        self.unroll_keys = _UNROLL_KEYS + (_STATE_KEYS if self.state_size else ())
         self.updates = 0
         self.env_steps = 0
         self.episodes = EpisodeStats(window=100)
@@ -183,7 +187,7 @@ class Learner(Node):
         self.grant_credit("experience", envelope)
 
     def _check_unroll(self, msg: wire.Message) -> None:
-        missing = [k for k in _UNROLL_KEYS if k not in msg.arrays]
+        missing = [k for k in self.unroll_keys if k not in msg.arrays]
         if missing:
             raise wire.ProtocolError(f"unroll lacks {', '.join(missing)}")
         T = self.cfg.unroll
@@ -193,6 +197,8 @@ class Learner(Node):
             "action": (T, n, *self.spec.action_shape),
             "logp": (T, n), "reward": (T, n), "done": (T, n),
         }
+        if self.state_size:  # a recurrent policy's unrolls carry the state they began with
+            want["state_h"] = want["state_c"] = (1, n, self.state_size)
         for key, shape in want.items():
             if n < 1 or msg[key].shape != shape:
                 raise wire.ProtocolError(
@@ -200,8 +206,8 @@ class Learner(Node):
                 )
         if ("ep_return" in msg.arrays) != ("ep_length" in msg.arrays):
             raise wire.ProtocolError("'ep_return' and 'ep_length' must come together")
-        check_values(msg, ("obs", "logp", "reward"), self.spec)
-
+        floats = ("obs", "logp", "reward") + (_STATE_KEYS if self.state_size else ())
+        check_values(msg, floats, self.spec)
 
     def _train_unrolls(self) -> None:
         while self.queued_columns >= self.local_batch:
@@ -211,7 +217,7 @@ class Learner(Node):
                 columns += taken[-1]["action"].shape[1]
             self.queued_columns -= columns
             batch = {k: torch.from_numpy(np.concatenate([m[k] for m in taken], axis=1))
-                     .to(self.device) for k in _UNROLL_KEYS}
+                     .to(self.device) for k in self.unroll_keys}
             self.lags.extend(self.updates - int(m.fields.get("version", 0)) for m in taken)
             self.last_terms = self.algo.update(batch)
             self._after_update()

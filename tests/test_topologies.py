@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from zmqrl.topology import Topology, load
 
@@ -115,3 +116,21 @@ def test_apex_sampler_swap_is_one_line(processes, tmp_path):
     replay = rows_of(run_dir, "replay")
     assert int(replay[-1]["samples"]) > 0 and int(replay[-1]["inserts"]) > 0
     assert max(int(r["updates"]) for r in rows_of(run_dir, "learner")) > 10
+
+
+@pytest.mark.parametrize("base", ["seed", "impala"])
+def test_recurrent_actor_critic_state_travels_with_unrolls(base, processes, tmp_path):
+    """``model.kind: lstm_ac`` in SEED (the broker keeps every env's LSTM state) and in
+    IMPALA (each actor keeps its own): unrolls carry the state they started from and
+    the learner trains on them, on the partially observable CartPole."""
+    raw = yaml.safe_load((REPO / "topologies" / f"{base}.yaml").read_text())
+    raw["env"] = {"id": "zmqrl/CartPoleNoVelocity-v1"}
+    raw["model"] = {"kind": "lstm_ac", "hidden": [32], "lstm": 32}
+    path = tmp_path / f"{base}-lstm.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"
+    run_topology(processes, path, run_dir, tmp_path / "up.log", None, 25)
+    assert_data_crossed_every_link(load(path), run_dir)
+    rows = rows_of(run_dir, "learner")
+    assert max(int(r["updates"]) for r in rows) >= 5
+    assert all(int(r["bad_messages"]) == 0 for r in rows)

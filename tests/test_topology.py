@@ -76,6 +76,9 @@ def test_seed_topology_is_valid():
          "t.yaml: field 'model': model dueling_mlp needs a discrete action space"),
         (lambda t: t.update(algo={"kind": "r2d2", "sequence_length": 10, "burn_in": 10}),
          "t.yaml: field 'algo.burn_in': 10: must be >= 0 and < sequence_length (10)"),
+        (lambda t: t["model"].update(kind="lstm_q"),
+         "t.yaml: field 'model.kind': model 'lstm_q' cannot serve algo 'vtrace' "
+         "(it serves: r2d2)"),
         (lambda t: t["nodes"]["learner"].update(replicas=2),
          "t.yaml: node 'learner', field 'replicas': data-parallel learner replicas need "
          "algo ppo, not 'vtrace'"),

@@ -23,7 +23,7 @@ from zmqrl.algos.dqn import NStepAccumulator, td_priorities
 from zmqrl.envs import EnvSpec
 from zmqrl.models import bootstrap_truncated
 from zmqrl.sequences import RecurrentEnvs
-from zmqrl.unroll import UnrollBuilder
+from zmqrl.unroll import PolicyState, UnrollBuilder, act_recurrent
 
 
 def apex_epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
@@ -77,19 +77,28 @@ class RewardScaler:
 
 
 class ActorCriticBehaviour:
+    """Samples from the local policy and cuts unrolls; with a recurrent policy
+    (``lstm_ac``) it keeps each env's LSTM state and the unrolls carry the state they
+    started from."""
+
     def __init__(self, spec: EnvSpec, model: torch.nn.Module, unroll: int, n: int,
                  discount: float, reward_scale: float = 1.0):
         self.model = model
-        self.builder = UnrollBuilder(spec, unroll, n)
+        recurrent = getattr(model, "recurrent", False)
+        self.state = PolicyState(n, model.state_size) if recurrent else None
+        self.builder = UnrollBuilder(spec, unroll, n, model.state_size if recurrent else 0)
         self.discount = discount
         self.reward_scale = reward_scale
 
     def act(self, obs: np.ndarray, version: int) -> tuple[np.ndarray, dict | None]:
         """Actions for ``obs``, and a finished unroll (with its version) if one is due."""
         finished = self.builder.observe(obs)
-        action, logp = self.model.act(torch.from_numpy(obs))
-        action = action.numpy()
-        self.builder.act(action, logp.numpy(), version)
+        if self.state is None:
+            action, logp = (x.numpy() for x in self.model.act(torch.from_numpy(obs)))
+            self.builder.act(action, logp, version)
+        else:
+            action, logp, (used,) = act_recurrent(self.model, obs, [self.state])
+            self.builder.act(action, logp, version, used)
         if finished is None:
             return action, None
         unroll, started_with = finished
@@ -99,8 +108,15 @@ class ActorCriticBehaviour:
     def outcome(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
                 terminated: np.ndarray, truncated: np.ndarray, next_obs: np.ndarray) -> None:
         cut = truncated & ~terminated
-        reward = bootstrap_truncated(reward, cut, next_obs[cut], self.model, self.discount,
-                                     self.reward_scale)
+        if self.state is None:
+            reward = bootstrap_truncated(reward, cut, next_obs[cut], self.model, self.discount,
+                                         self.reward_scale)
+        else:
+            if cut.any():  # V(final obs) continues the env's memory
+                reward = np.array(reward, np.float32)
+                reward[cut] += self.discount * self.state.values_after(
+                    self.model, next_obs[cut], cut) / self.reward_scale
+            self.state.end_episodes(terminated | truncated)
         self.builder.outcome(reward, terminated | truncated)
 
 

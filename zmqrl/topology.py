@@ -330,7 +330,7 @@ def _env_model_errors(topo: Topology) -> list[tuple[tuple, str]]:
     import gymnasium as gym  # heavy, and only needed here
 
     from zmqrl.envs import env_spec
-    from zmqrl.models import build_model
+    from zmqrl.models import MODEL_ALGOS, build_model
 
     env_id = topo.env.get("id")
     if not isinstance(env_id, str):
@@ -345,6 +345,11 @@ def _env_model_errors(topo: Topology) -> list[tuple[tuple, str]]:
         build_model(topo.model, spec)
     except (ValueError, TypeError) as exc:
         return [(("model",), str(exc))]
+    model_kind, algo_kind = topo.model.get("kind", "mlp"), topo.algo.get("kind", "vtrace")
+    serves = MODEL_ALGOS.get(model_kind)
+    if serves is not None and algo_kind not in serves:
+        return [(("model", "kind"), f"model '{model_kind}' cannot serve algo '{algo_kind}' "
+                                    f"(it serves: {', '.join(sorted(serves))})")]
     return []
 
 

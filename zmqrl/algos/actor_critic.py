@@ -32,7 +32,14 @@ def evaluate_unrolls(model: torch.nn.Module, batch: dict[str, torch.Tensor]
 
     Goes through ``model.evaluate(obs, action)``, so it serves any action space the
     model does. The bootstrap row is computed without autograd: every learner treats it
-    as a constant (and the policy is not evaluated on it)."""
+    as a constant (and the policy is not evaluated on it).
+
+    Recurrent models (``model.recurrent``) go through ``model.unroll`` instead, from the
+    state the unroll started with, ``batch["state_h"]``/``["state_c"]`` ([1, B, H] as
+    ``UnrollBuilder`` ships it, or [B, H]), already reset for obs[0]; the LSTM is reset
+    after every ``done``."""
+    if getattr(model, "recurrent", False):
+        return _evaluate_recurrent(model, batch)
     T, B = batch["action"].shape[:2]
     obs = batch["obs"].float()
     flat_obs = obs.reshape((T + 1) * B, *obs.shape[2:])
@@ -43,3 +50,15 @@ def evaluate_unrolls(model: torch.nn.Module, batch: dict[str, torch.Tensor]
     bootstrap = model.state_values(flat_obs[T * B:]).clone()
     values = torch.cat([values, bootstrap.to(values.dtype)]).reshape(T + 1, B)
     return target_logp.reshape(T, B), entropy.reshape(T, B), values
+
+
+def _evaluate_recurrent(model: torch.nn.Module, batch: dict[str, torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    done = batch["done"].bool()
+    # first[t] = done[t-1]; first[0] = False: the stored state is already the one to use
+    # with obs[0] (zeroed by the actor if obs[0] starts an episode).
+    first = torch.cat([torch.zeros_like(done[:1]), done])
+    # [1, B, H] keeps the unroll time-major, so that batching and column slicing along
+    # axis 1 treat it like every other key; [B, H] is accepted too.
+    h, c = (batch[k][0] if batch[k].dim() == 3 else batch[k] for k in ("state_h", "state_c"))
+    return model.unroll(batch["obs"].float(), first, (h.float(), c.float()), batch["action"])

@@ -14,10 +14,20 @@ from torch import nn
 
 from zmqrl.envs import EnvSpec
 from zmqrl.models.feedforward import ActorCritic, DuelingQNetwork
-from zmqrl.models.recurrent import RecurrentQNetwork
+from zmqrl.models.recurrent import RecurrentActorCritic, RecurrentQNetwork
 
 MODEL_KINDS: dict[str, type[nn.Module]] = {"mlp": ActorCritic, "dueling_mlp": DuelingQNetwork}
 MODEL_KINDS["lstm_q"] = RecurrentQNetwork
+MODEL_KINDS["lstm_ac"] = RecurrentActorCritic
+# The algorithms each model can serve (checked by ``zmqrl validate``): actor-critic
+# heads for the unroll algorithms, Q heads for the replay ones. PPO shuffles single
+# steps into minibatches, which a recurrent policy cannot use.
+MODEL_ALGOS: dict[str, frozenset[str]] = {
+    "mlp": frozenset({"vtrace", "a2c", "ppo"}),
+    "lstm_ac": frozenset({"vtrace", "a2c"}),
+    "dueling_mlp": frozenset({"dqn"}),
+    "lstm_q": frozenset({"r2d2"}),
+}
 
 
 def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray,
