@@ -208,6 +208,42 @@ class ActorCritic(nn.Module):
         return self.value(self._features(obs)).squeeze(-1)
 
 
+def discrete_actions(spec: EnvSpec, kind: str) -> int:
+    """The action count of a Q-network's env; a clear error for Box actions."""
+    if spec.num_actions is None:
+        raise ValueError(f"model {kind} needs a discrete action space (Q-learning picks "
+                         "among actions); use an actor-critic algo for Box actions")
+    return spec.num_actions
+
+
+def relu_torso(spec: EnvSpec, hidden: Sequence[int]) -> tuple[nn.Sequential, int]:
+    """A ReLU MLP over the flat observation and its output width (the observation's
+    size when ``hidden`` is empty)."""
+    obs_dim = int(np.prod(spec.obs_shape)) if spec.obs_shape else 1
+    sizes = [obs_dim, *hidden]
+    layers: list[nn.Module] = []
+    for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+    return nn.Sequential(*layers), sizes[-1]
+
+
+def init_dueling(torso: nn.Sequential, value: nn.Linear, advantage: nn.Linear) -> None:
+    """Orthogonal init: gain sqrt(2) for the ReLU torso, 1 for the two heads."""
+    for layer in torso:
+        if isinstance(layer, nn.Linear):
+            nn.init.orthogonal_(layer.weight, 2**0.5)
+            nn.init.zeros_(layer.bias)
+    for head in (value, advantage):
+        nn.init.orthogonal_(head.weight, 1.0)
+        nn.init.zeros_(head.bias)
+
+
+def dueling_q(features: torch.Tensor, value: nn.Linear, advantage: nn.Linear) -> torch.Tensor:
+    """Q = V + A - mean_a A (Wang et al. 2016)."""
+    adv = advantage(features)
+    return value(features) + adv - adv.mean(dim=-1, keepdim=True)
+
+
 class DuelingQNetwork(nn.Module):
     """Dueling Q-network (Wang et al. 2016) over a flat observation; discrete actions.
 
@@ -215,33 +251,17 @@ class DuelingQNetwork(nn.Module):
     A(s, a) [N, A]; Q(s, a) = V(s) + A(s, a) - mean_a A(s, a).
     """
 
-    def __init__(self, spec: EnvSpec, hidden: list[int] = (64, 64)):
-        hidden = list(hidden)
+    def __init__(self, spec: EnvSpec, hidden: Sequence[int] = (64, 64)):
         super().__init__()
-        if spec.num_actions is None:
-            raise ValueError("model dueling_mlp needs a discrete action space (Q-learning picks "
-                             "among actions); use an actor-critic algo for Box actions")
-        obs_dim = int(torch.tensor(spec.obs_shape).prod()) if spec.obs_shape else 1
-        layers: list[nn.Module] = []
-        for n_in, n_out in zip([obs_dim, *hidden[:-1]], hidden, strict=True):
-            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
-        self.torso = nn.Sequential(*layers)
-        features = hidden[-1] if hidden else obs_dim
+        num_actions = discrete_actions(spec, "dueling_mlp")
+        self.torso, features = relu_torso(spec, hidden)
         self.value = nn.Linear(features, 1)
-        self.advantage = nn.Linear(features, spec.num_actions)
-        for layer in self.torso:
-            if isinstance(layer, nn.Linear):
-                nn.init.orthogonal_(layer.weight, 2**0.5)
-                nn.init.zeros_(layer.bias)
-        for head in (self.value, self.advantage):
-            nn.init.orthogonal_(head.weight, 1.0)
-            nn.init.zeros_(head.bias)
+        self.advantage = nn.Linear(features, num_actions)
+        init_dueling(self.torso, self.value, self.advantage)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values [N, A] for observations [N, ...]."""
-        h = self.torso(obs.reshape(obs.shape[0], -1))
-        adv = self.advantage(h)
-        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
+        return dueling_q(self.torso(obs.reshape(obs.shape[0], -1)), self.value, self.advantage)
 
     @torch.inference_mode()
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:

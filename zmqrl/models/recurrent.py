@@ -15,7 +15,13 @@ import torch
 from torch import nn
 
 from zmqrl.envs import EnvSpec
-from zmqrl.models.feedforward import HALF_LOG_2PI
+from zmqrl.models.feedforward import (
+    HALF_LOG_2PI,
+    discrete_actions,
+    dueling_q,
+    init_dueling,
+    relu_torso,
+)
 
 State = tuple[torch.Tensor, torch.Tensor]
 
@@ -66,30 +72,15 @@ class RecurrentQNetwork(nn.Module):
 
     recurrent = True  # nodes and learners check getattr(model, "recurrent", False)
 
-    def __init__(self, spec: EnvSpec, hidden: list[int] = (64,), lstm: int = 64):
-        hidden = list(hidden)
+    def __init__(self, spec: EnvSpec, hidden: Sequence[int] = (64,), lstm: int = 64):
         super().__init__()
-        if spec.num_actions is None:
-            raise ValueError("model lstm_q: needs a discrete action space "
-                             "(this env's actions are continuous)")
-        obs_dim = int(torch.tensor(spec.obs_shape).prod()) if spec.obs_shape else 1
-        layers: list[nn.Module] = []
-        sizes = [obs_dim, *hidden]  # hidden may be empty: the LSTM reads the obs
-        for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
-        self.torso = nn.Sequential(*layers)
-        self.core = LSTMCore(hidden[-1] if hidden else obs_dim, lstm)
+        num_actions = discrete_actions(spec, "lstm_q")
+        self.torso, features = relu_torso(spec, hidden)  # hidden may be empty
+        self.core = LSTMCore(features, lstm)
         self.value = nn.Linear(lstm, 1)
-        self.advantage = nn.Linear(lstm, spec.num_actions)
+        self.advantage = nn.Linear(lstm, num_actions)
         self.state_size = lstm
-        # Same initialisation as DuelingQNetwork; the LSTM keeps torch's default.
-        for layer in self.torso:
-            if isinstance(layer, nn.Linear):
-                nn.init.orthogonal_(layer.weight, 2**0.5)
-                nn.init.zeros_(layer.bias)
-        for head in (self.value, self.advantage):
-            nn.init.orthogonal_(head.weight, 1.0)
-            nn.init.zeros_(head.bias)
+        init_dueling(self.torso, self.value, self.advantage)  # the LSTM keeps torch's
 
     def initial_state(self, n: int, device: torch.device | str | None = None) -> State:
         return self.core.initial_state(n, device)
@@ -100,8 +91,7 @@ class RecurrentQNetwork(nn.Module):
         T, B = obs.shape[:2]
         x = self.torso(obs.reshape(T * B, -1).float()).reshape(T, B, -1)  # one pass
         out, state = self.core(x, first, state)
-        adv = self.advantage(out)
-        return self.value(out) + adv - adv.mean(dim=-1, keepdim=True), state
+        return dueling_q(out, self.value, self.advantage), state
 
     @torch.inference_mode()
     def step(self, obs: torch.Tensor, first: torch.Tensor, state: State
