@@ -370,11 +370,16 @@ FUZZ = settings(max_examples=EXAMPLES_PER_PORT, deadline=None, database=None,
 @given(frames=st.one_of(random_frames(), random_header(),
                         mutated(sorted(wire.MESSAGE_TYPES))))
 # What this test found in wire.decode (fixed there): an empty array whose shape numpy
-# cannot represent raised ValueError, and msgpack bin keys got into the fields.
+# cannot represent raised ValueError, msgpack bin keys got into the fields, and an
+# array entry with nil inline data made decode read a frame that was not there.
 @example(frames=[msgpack.packb({"v": 1, "t": "step",
                                 "arrays": [["obs", "float32", [0, 2**64 - 1], b""]]})])
 @example(frames=[msgpack.packb({"v": 1, "t": "step", "arrays": [["x", "int8", [0] * 70, b""]]})])
 @example(frames=[msgpack.packb({"v": 1, "t": "ping", b"seq": 1}, use_bin_type=True)])
+# ... and (found in CI's derandomized run, killing the broker with an IndexError) an
+# array entry with nil where inline bytes go, which claimed a frame nobody announced.
+@example(frames=[msgpack.packb({"v": 1, "t": "step",
+                                "arrays": [["obs", "float32", [2, 4], None]]})])
 def test_decode_rejects_anything_it_cannot_trust_with_protocol_error(frames):
     """The generic path every node shares: whatever arrives, decode returns a message
     that keeps the protocol's promises or raises ProtocolError, which the node turns

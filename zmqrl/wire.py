@@ -191,6 +191,10 @@ def _check_spec(spec: Any) -> tuple[str, str, list[int], bytes | None]:
     if not isinstance(spec, list) or len(spec) not in (3, 4):
         raise ProtocolError(f"bad array entry {spec!r:.80}: want [name, dtype, shape(, bytes)]")
     name, dtype, shape = spec[0], spec[1], spec[2]
+    if len(spec) == 4 and not isinstance(spec[3], bytes):
+        # nil here would make the entry claim a frame that the frame count did not
+        # announce (decode counts 3-element entries)
+        raise ProtocolError(f"array {name!r:.40}: inline data is not msgpack bin")
     data = spec[3] if len(spec) == 4 else None
     if not isinstance(name, str):
         raise ProtocolError(f"array name {name!r:.40} is not a string")
@@ -200,8 +204,6 @@ def _check_spec(spec: Any) -> tuple[str, str, list[int], bytes | None]:
         raise ProtocolError(f"array {name!r}: shape {shape!r:.80} is not a list of sizes")
     if len(shape) > MAX_DIMS:
         raise ProtocolError(f"array {name!r}: {len(shape)} dimensions, at most {MAX_DIMS}")
-    if data is not None and not isinstance(data, bytes):
-        raise ProtocolError(f"array {name!r}: inline data is not msgpack bin")
     return name, dtype, shape, data
 
 
