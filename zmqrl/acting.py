@@ -145,10 +145,9 @@ class EpsilonGreedyBehaviour:
 
     def take(self) -> dict[str, np.ndarray] | None:
         """The transitions gathered so far, with initial priorities, or None."""
-        if not self.pending:
+        items = _take_all(self.pending)
+        if items is None:
             return None
-        items = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
-        self.pending = []
         items["priority"] = td_priorities(self.model, items["obs"], items["action"],
                                           items["reward"], items["discount"],
                                           items["next_obs"]).astype(np.float32)
@@ -176,8 +175,14 @@ class RecurrentEpsilonGreedyBehaviour:
 
     def take(self) -> dict[str, np.ndarray] | None:
         """The sequences (with initial priorities) cut so far, or None."""
-        if not self.pending:
-            return None
-        items = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
-        self.pending = []
-        return items
+        return _take_all(self.pending)
+
+
+def _take_all(pending: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    """The batches in ``pending`` joined into one (batch-major), emptying it; None if
+    there are none."""
+    if not pending:
+        return None
+    items = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+    pending.clear()
+    return items
