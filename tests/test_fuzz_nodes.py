@@ -474,10 +474,12 @@ def test_every_node_counted_and_logged_its_rejections(targets):
         by_node.setdefault(target.node, target)
     for node, target in by_node.items():
         assert target.proc.poll() is None, f"{node} died:\n{target.log_tail()}"
-        rows = wait_for(lambda node=node: [r for r in read_csv(run_dir / "metrics"
-                                                                / f"{node}.csv")
-                                           if int(r["bad_messages"]) > 0], 10,
-                        f"{node}'s metrics to count rejected messages")
+        # Poll both counters: the work the last batch did may show only in the next
+        # metrics row (one a second).
+        rows = wait_for(lambda node=node: [
+            r for r in read_csv(run_dir / "metrics" / f"{node}.csv")
+            if int(r["bad_messages"]) > 0 and int(float(r[REACHED[node]])) > 0], 10,
+            f"{node}'s metrics to count rejected messages and {REACHED[node]}")
         assert int(rows[-1]["bad_messages"]) > 0
         assert int(float(rows[-1][REACHED[node]])) > 0, (node, REACHED[node], rows[-1])
         text = target.log.read_text()
