@@ -259,10 +259,9 @@ class Actor(Node):
         self.pending_returns: list[np.ndarray] = []
         self.pending_lengths: list[np.ndarray] = []
         if kind in UNROLL_ALGOS:
-            unroll = int(topo.algo.get("unroll", 20))
+            cfg = topo.algo_config
             self.behaviour: Any = ActorCriticBehaviour(
-                self.spec, self.model, unroll, n, float(topo.algo.get("discount", 0.99)),
-                float(topo.algo.get("reward_scale", 1.0)))
+                self.spec, self.model, cfg.unroll, n, cfg.discount, cfg.reward_scale)
             if "param_server" in self.sockets:  # A3C worker: gradients, not experience
                 self.worker = make_algo(topo.algo, self.model)
         elif kind in SEQUENCE_ALGOS:

@@ -72,9 +72,10 @@ class InferenceBroker(Node):
         self.device = pick_device(self.args.device)
         self.model = build_model(self.ctx.topo.model, self.spec, self.ctx.topo.seed).to(self.device)
         self.model.eval()
-        self.unroll = self.args.unroll or int(self.ctx.topo.algo.get("unroll", 20))
-        self.discount = float(self.ctx.topo.algo.get("discount", 0.99))
-        self.reward_scale = float(self.ctx.topo.algo.get("reward_scale", 1.0))
+        cfg = self.ctx.topo.algo_config
+        self.unroll = self.args.unroll or getattr(cfg, "unroll", 0)
+        self.discount = cfg.discount
+        self.reward_scale = getattr(cfg, "reward_scale", 1.0)
         self.sync = self.args.mode == "sync"
         self.awaiting_version = 0
         self.expected_actors = self._expected_actors()

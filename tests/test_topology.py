@@ -173,3 +173,79 @@ def test_set_overrides_accept_exponent_floats_and_hint_in_files(tmp_path):
     raw["algo"]["lr"] = "1e-3"
     with pytest.raises(TopologyError, match="write it with a dot"):
         from_dict(raw)
+
+
+# ----- the typed algorithm config: parsed once, defaults in one place -------------------
+TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.stem)
+def test_every_topology_parses_its_algo_once_with_defaults_from_the_config(path):
+    """Leaving out every defaulted ``algo`` field gives the config's defaults, and every
+    node reads that same object: an a2c topology without ``unroll`` is a 5-step one for
+    the broker, the actors and the learner alike (it used to be 20 for some, 5 for others)."""
+    from zmqrl.algo_config import CONFIGS
+
+    raw = yaml.safe_load(path.read_text())
+    kind = raw.get("algo", {}).get("kind", "vtrace")
+    raw["algo"] = {"kind": kind}  # every other field left to its default
+    topo = from_dict(raw, str(path))
+    cfg = topo.algo_config
+    assert type(cfg) is CONFIGS[kind] and cfg == CONFIGS[kind]()
+    assert topo.algo_config is cfg  # parsed once, the same object for every reader
+    assert cfg.family in ("unroll", "replay", "sequence")
+
+
+def test_a2c_without_unroll_agrees_between_broker_actor_and_learner(tmp_path):
+    """The defect: with ``unroll`` left out, the broker cut 20-step unrolls while the
+    A2C learner expected 5 and rejected every one. All read ``topo.algo_config`` now."""
+    from nodes.inference_broker import InferenceBroker
+    from nodes.learner import Learner
+    from zmqrl.node import NodeContext
+
+    raw = yaml.safe_load((REPO / "topologies" / "a2c.yaml").read_text())
+    raw["algo"].pop("unroll", None)
+    topo = from_dict(raw, "a2c.yaml")
+    lengths = {}
+    for name, cls in (("broker", InferenceBroker), ("learner", Learner)):
+        spec = topo.nodes[name]
+        node = cls(NodeContext(topo, spec, 0, tmp_path, Endpoints(topo, tmp_path)))
+        node._open_sockets()
+        try:
+            node.setup()
+            lengths[name] = node.unroll if name == "broker" else node.cfg.unroll
+        finally:
+            for sock in node.sockets.values():
+                sock.close(linger=0)
+    assert lengths == {"broker": 5, "learner": 5}
+
+
+def test_impl_module_beside_the_topology_file_loads_without_pythonpath(tmp_path):
+    """``impl: myactor:MyActor`` with myactor.py next to the YAML: ``zmqrl validate``
+    finds it from any working directory, and the resolved topology a run directory holds
+    still finds it (its import_paths are absolute)."""
+    import os
+    import subprocess
+    import sys
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "myactor.py").write_text(
+        "from nodes.actor import Actor\n\n\nclass MyActor(Actor):\n    pass\n")
+    raw = copy.deepcopy(GOOD)
+    raw["nodes"]["actor"].pop("kind")
+    raw["nodes"]["actor"]["impl"] = "myactor:MyActor"
+    (project / "t.yaml").write_text(yaml.safe_dump(raw))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "zmqrl.cli", "validate", str(project / "t.yaml")],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok:" in done.stdout
+    resolved = yaml.safe_load(yaml.safe_dump(load(project / "t.yaml").to_dict()))
+    assert str(project) in resolved["import_paths"]
+    (elsewhere / "topology.yaml").write_text(yaml.safe_dump(resolved))
+    done = subprocess.run([sys.executable, "-m", "zmqrl.cli", "validate", "topology.yaml"],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import os
-import typing
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from zmqrl import security
+from zmqrl import algo_config, security
 
 # kind -> "module:Class". A topology can also say impl: "pkg.mod:Class" for any other.
 NODE_KINDS = {
@@ -48,6 +49,9 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "name": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]+$"},
         "seed": {"type": "integer"},
+        # Where `impl: module:Class` modules are looked for besides the installed
+        # packages; the topology file's directory and the working directory always are.
+        "import_paths": {"type": "array", "items": {"type": "string"}},
         "env": {
             "type": "object",
             "required": ["id"],
@@ -145,10 +149,17 @@ class Topology:
     env: dict[str, Any]
     nodes: dict[str, NodeSpec]
     model: dict[str, Any] = field(default_factory=dict)
-    algo: dict[str, Any] = field(default_factory=dict)
+    algo: dict[str, Any] = field(default_factory=dict)  # as written; see algo_config
     seed: int = 0
     network: dict[str, Any] = field(default_factory=dict)
     source: str = "<topology>"
+    import_paths: list[str] = field(default_factory=list)  # absolute; see load_class
+
+    @functools.cached_property
+    def algo_config(self) -> algo_config.AlgoConfig:
+        """The ``algo`` section parsed into its algorithm's dataclass (defaults filled in):
+        what every node reads. Parsed once, when the topology loads."""
+        return algo_config.parse(self.algo)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved topology, as written into a run directory."""
@@ -161,10 +172,18 @@ class Topology:
                "algo": self.algo, "nodes": nodes}
         if self.network:
             out["network"] = self.network
+        if self.import_paths:
+            out["import_paths"] = self.import_paths
         return out
 
 
-def load_class(target: str) -> type:
+def load_class(target: str, import_paths: list[str] | tuple[str, ...] = ()) -> type:
+    """The class ``module:Class`` names. ``import_paths`` are searched after the
+    installed packages, so a user's ``impl: myactor:MyActor`` beside the topology file
+    loads without PYTHONPATH (and cannot shadow an installed module)."""
+    for directory in import_paths:
+        if directory not in sys.path:
+            sys.path.append(directory)
     module_name, _, class_name = target.partition(":")
     return getattr(importlib.import_module(module_name), class_name)
 
@@ -188,6 +207,7 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Topology:
     # A path in the file is relative to the file; one given on the command line
     # (--set network.curve.keys=...) to the working directory.
     _absolute_paths(raw, path.parent)
+    _add_import_paths(raw, path.parent)
     if overrides:
         overrides = copy.deepcopy(overrides)
         _absolute_paths(overrides, Path.cwd())
@@ -202,6 +222,15 @@ def _absolute_paths(raw: Any, base: Path) -> None:
     keys = curve.get("keys") if isinstance(curve, dict) else None
     if isinstance(keys, str) and keys:
         curve["keys"] = os.path.abspath(base / os.path.expanduser(keys))
+
+
+def _add_import_paths(raw: Any, base: Path) -> None:
+    """Make ``import_paths`` absolute (relative to ``base``) and add ``base`` and the
+    working directory, in place; a malformed value is left for the schema to report."""
+    given = raw.get("import_paths", []) if isinstance(raw, dict) else None
+    if isinstance(given, list) and all(isinstance(p, str) for p in given):
+        paths = [os.path.abspath(base / p) for p in given]
+        raw["import_paths"] = list(dict.fromkeys([*paths, os.path.abspath(base), os.getcwd()]))
 
 
 def merge(base: Any, overrides: dict[str, Any]) -> Any:
@@ -236,11 +265,13 @@ def from_dict(raw: Any, source: str = "<topology>") -> Topology:
         seed=raw.get("seed", 0) if isinstance(raw, dict) else 0,
         network=raw.get("network", {}) if isinstance(raw, dict) else {},
         source=source,
+        import_paths=raw.get("import_paths", []) if isinstance(raw, dict) else [],
     )
     errors = [(path, msg) for path, msg in schema_errors]
     errors += _semantic_errors(topo, broken)
     if errors:
         raise TopologyError([f"{source}: {_where(path)}: {msg}" for path, msg in errors])
+    topo.algo_config  # noqa: B018  (parsed now: every node reads the same config)
     return topo
 
 
@@ -277,16 +308,16 @@ def _semantic_errors(topo: Topology, broken: set[str]) -> list[tuple[tuple, str]
                            "or use impl: module:Class)"))
         elif spec.target:
             try:
-                classes[spec.name] = load_class(spec.target)
+                classes[spec.name] = load_class(spec.target, topo.import_paths)
             except (ImportError, AttributeError) as exc:
                 errors.append((("nodes", spec.name, "impl"),
                                f"cannot load {spec.target}: {exc}"))
     for spec in topo.nodes.values():
         cls = classes.get(spec.name)
         if cls is not None:
-            arg_errors = [(("nodes", spec.name, "args", key), msg)
-                          for key, msg in _fields_errors(getattr(cls, "Args", None), spec.args,
-                                                         cls.__name__)]
+            args_type = getattr(cls, "Args", None)
+            arg_errors = [(("nodes", spec.name, "args", key), msg) for key, msg in
+                          algo_config.field_type_errors(args_type, spec.args, cls.__name__)]
             errors += arg_errors or cls.check_spec(spec, topo)
             for link in sorted(set(cls.links) - set(spec.links)):
                 if cls.links[link].required:
@@ -362,61 +393,4 @@ def _network_errors(network: dict[str, Any]) -> list[tuple[tuple, str]]:
 
 
 def _algo_errors(algo: dict[str, Any]) -> list[tuple[tuple, str]]:
-    from zmqrl.algos import ALGOS  # torch comes with it; only needed here
-
-    kind = algo.get("kind", "vtrace")
-    if kind not in ALGOS:
-        return [(("algo", "kind"), f"unknown algorithm '{kind}' (known: {', '.join(ALGOS)})")]
-    config_type = ALGOS[kind][0]
-    errors = [(("algo", key), msg) for key, msg in _fields_errors(config_type, algo, kind)]
-    # Cross-field checks a config may define (R2D2: burn-in < sequence length, ...).
-    field_errors = getattr(config_type, "field_errors", None)
-    if not errors and field_errors is not None:
-        errors += [(("algo", key), msg) for key, msg in field_errors(algo)]
-    return errors
-
-
-def _fields_errors(dataclass_type: type | None, values: dict[str, Any],
-                   owner: str) -> list[tuple[str, str]]:
-    """Unknown keys and mistyped values of ``values`` against a dataclass's fields."""
-    if dataclass_type is None:
-        return []
-    hints = typing.get_type_hints(dataclass_type)
-    names = [f.name for f in dataclasses.fields(dataclass_type)]
-    errors = []
-    for key, value in values.items():
-        if key not in hints:
-            errors.append((key, f"unknown for {owner} (known: {', '.join(names) or 'none'})"))
-        elif not _type_ok(value, hints[key]):
-            hint = ""
-            if isinstance(value, str) and _type_ok(1.0, hints[key]):
-                try:
-                    float(value)
-                    hint = f" (YAML reads {value} as text: write it with a dot, e.g. 1.0e-3)"
-                except ValueError:
-                    pass
-            errors.append((key, f"{value!r} is not {_type_name(hints[key])}{hint}"))
-    return errors
-
-
-def _type_ok(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return any(_type_ok(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin in (list, tuple):
-        return isinstance(value, list)
-    if origin is dict:
-        return isinstance(value, dict)
-    if hint is Any:
-        return True
-    return isinstance(value, hint)
-
-
-def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    return [(("algo", key), msg) for key, msg in algo_config.errors(algo)]

@@ -1,15 +1,18 @@
 """Pure loss functions over tensors, and the learners built from them: no sockets.
 
-``ALGOS`` maps a topology's ``algo.kind`` to (config dataclass, learner class).
+``ALGOS`` maps a topology's ``algo.kind`` to (config dataclass, learner class). The
+configs themselves live in :mod:`zmqrl.algo_config` (torch-free, defaults in one place);
+``make_algo`` builds the learner object from a parsed config.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
+from zmqrl import algo_config
+from zmqrl.algo_config import REPLAY, SEQUENCE, UNROLL, AlgoConfig
 from zmqrl.algos.a2c import A2CConfig, A2CLearner
 from zmqrl.algos.dqn import DQNConfig, DQNLearner
 from zmqrl.algos.ppo import PPOConfig, PPOLearner
@@ -20,29 +23,27 @@ ALGOS: dict[str, tuple[type, type]] = {
     "vtrace": (VTraceConfig, VTraceLearner),
     "a2c": (A2CConfig, A2CLearner),
     "dqn": (DQNConfig, DQNLearner),
+    "r2d2": (R2D2Config, R2D2Learner),
+    "ppo": (PPOConfig, PPOLearner),
 }
-ALGOS["r2d2"] = (R2D2Config, R2D2Learner)
-ALGOS["ppo"] = (PPOConfig, PPOLearner)
-# Algorithms that learn from unrolls of the current policy (actor-critic family) versus
-# from replayed transitions (Q-learning family): this decides a learner's data path
-# and an actor's local behaviour. Sequence algorithms are the replay algorithms whose
-# items are fixed-length sequences with a stored recurrent state (R2D2).
-UNROLL_ALGOS = frozenset({"vtrace", "a2c", "ppo"})
-REPLAY_ALGOS = frozenset({"dqn", "r2d2"})
-SEQUENCE_ALGOS = frozenset({"r2d2"})
+# The kinds of each family (``AlgoConfig.family``): unrolls of the current policy
+# (actor-critic) versus replayed items (Q-learning); sequence algorithms are the replay
+# algorithms whose items are sequences with a stored recurrent state (R2D2).
+UNROLL_ALGOS = frozenset(k for k, (c, _) in ALGOS.items() if c.family == UNROLL)
+REPLAY_ALGOS = frozenset(k for k, (c, _) in ALGOS.items() if c.family in (REPLAY, SEQUENCE))
+SEQUENCE_ALGOS = frozenset(k for k, (c, _) in ALGOS.items() if c.family == SEQUENCE)
 
 
-def make_algo_config(algo_cfg: dict[str, Any]) -> Any:
-    """The config dataclass of ``algo_cfg`` (for nodes that act by it, not learn)."""
-    config_type = ALGOS[algo_cfg.get("kind", "vtrace")][0]
-    known = {f.name for f in dataclasses.fields(config_type)}
-    return config_type(**{k: v for k, v in algo_cfg.items() if k in known})
+def make_algo_config(algo_cfg: dict[str, Any] | AlgoConfig) -> AlgoConfig:
+    """The typed config of ``algo_cfg`` (a raw ``algo`` section, or a parsed one)."""
+    if not isinstance(algo_cfg, dict):
+        return algo_cfg
+    return algo_config.parse(algo_cfg)
 
 
-def make_algo(algo_cfg: dict[str, Any], model: torch.nn.Module, **extra: Any) -> Any:
+def make_algo(algo_cfg: dict[str, Any] | AlgoConfig, model: torch.nn.Module,
+              **extra: Any) -> Any:
     """The learner object for ``algo_cfg``; ``extra`` goes to learners that take it
     (``allreduce`` for data-parallel PPO)."""
-    kind = algo_cfg.get("kind", "vtrace")
-    if kind not in ALGOS:
-        raise ValueError(f"algo.kind: unknown algorithm '{kind}' (known: {', '.join(ALGOS)})")
-    return ALGOS[kind][1](make_algo_config(algo_cfg), model, **extra)
+    cfg = make_algo_config(algo_cfg)
+    return ALGOS[cfg.kind][1](cfg, model, **extra)

@@ -13,11 +13,11 @@ and steps its optimizer. ``update(batch)`` is exactly ``apply_gradients(gradient
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from zmqrl.algo_config import A2CConfig
 from zmqrl.algos import gradients
 from zmqrl.algos.actor_critic import actor_critic_loss, evaluate_unrolls
 
@@ -54,20 +54,6 @@ def a2c_loss(
     return actor_critic_loss(loss_policy, advantages, entropy, baseline_cost, entropy_cost)
 
 
-@dataclass
-class A2CConfig:
-    """Hyperparameters of the A2C learner (the topology's ``algo`` section)."""
-
-    kind: str = "a2c"
-    unroll: int = 5  # steps per unroll
-    batch_size: int = 32  # env columns (unrolls) per update
-    lr: float = 7e-4
-    discount: float = 0.99
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
-    max_grad_norm: float = 0.5
-    adam_eps: float = 1e-5
-    normalize_advantages: bool = False
 
 
 class A2CLearner:

@@ -18,12 +18,11 @@ gamma^m (or 0), so the learner never needs to know n.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from zmqrl.algo_config import DQNConfig
 from zmqrl.algos.target_q import TargetQLearner
 
 # ------------------------------------------------------------------ n-step transitions
@@ -209,20 +208,6 @@ def td_priorities(model: torch.nn.Module, obs, action, reward, discount, next_ob
 # ------------------------------------------------------------------ learner
 
 
-@dataclass
-class DQNConfig:
-    """Hyperparameters of the DQN learner (the topology's ``algo`` section)."""
-
-    kind: str = "dqn"
-    batch_size: int = 64  # transitions sampled from replay per update
-    lr: float = 2.5e-4  # Adam
-    discount: float = 0.99
-    n_step: int = 3  # used by actors (NStepAccumulator); the learner reads batch["discount"]
-    target_update_every: int = 100  # updates between hard copies online -> target
-    max_grad_norm: float = 10.0
-    huber_delta: float = 1.0
-    double: bool = True  # double DQN targets; False: max_a Q_target(s', a)
-    adam_eps: float = 1.5e-4
 
 
 class DQNLearner(TargetQLearner):

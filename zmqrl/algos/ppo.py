@@ -20,11 +20,11 @@ All tensors are time-major: shape [T, B] (``bootstrap_value`` is [B]); ``discoun
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from zmqrl.algo_config import PPOConfig
 from zmqrl.algos.actor_critic import evaluate_unrolls
 from zmqrl.algos.optim import make_adam
 
@@ -47,35 +47,6 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torch.Tens
     return advantages, advantages + values
 
 
-@dataclass
-class PPOConfig:
-    """Hyperparameters of the PPO learner (the topology's ``algo`` section). Defaults are
-    CleanRL's ``ppo_continuous_action.py`` (MuJoCo)."""
-
-    kind: str = "ppo"
-    unroll: int = 128  # steps per unroll (T); the broker assembles unrolls this long
-    # Env columns per update, summed over all learner ranks (each rank takes its share:
-    # batch_size / ranks columns, the same on every rank).
-    batch_size: int = 16
-    lr: float = 3e-4  # Adam step size (the start value when annealed)
-    anneal_lr: bool = False  # decay lr linearly to 0 ...
-    anneal_updates: int = 0  # ... over this many updates (required with anneal_lr)
-    discount: float = 0.99  # gamma
-    gae_lambda: float = 0.95  # GAE lambda (1: Monte Carlo returns, 0: one-step TD)
-    epochs: int = 10  # passes over each batch
-    minibatches: int = 32  # minibatches per pass, over the rank's T x B local samples
-    clip: float = 0.2  # surrogate clip: ratio kept within [1 - clip, 1 + clip]
-    clip_value: bool = True  # clip the value change around the old value by `clip` too
-    value_cost: float = 0.5  # weight of the value loss (0.5 * squared error)
-    entropy_cost: float = 0.0  # weight of the entropy bonus
-    max_grad_norm: float = 0.5  # global gradient-norm clip (after averaging across ranks)
-    normalize_advantages: bool = True  # per minibatch, as CleanRL
-    adam_eps: float = 1e-5
-    # Rewards are multiplied by this before GAE (values learn the scaled return).
-    reward_scale: float = 1.0
-    # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
-    # learner start-up.
-    light_adam: bool = False
 
 
 def ppo_loss(cfg: PPOConfig, new_logp: torch.Tensor, old_logp: torch.Tensor,

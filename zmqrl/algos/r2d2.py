@@ -31,14 +31,10 @@ so the last steps of a sequence bootstrap with fewer than n rewards (from obs L)
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 import torch
 
+from zmqrl.algo_config import R2D2Config
 from zmqrl.algos.optim import make_adam
 from zmqrl.algos.target_q import TargetQLearner
 
@@ -157,74 +153,6 @@ def actor_priorities(q: np.ndarray, action: np.ndarray, reward: np.ndarray,
 # ------------------------------------------------------------------ learner
 
 
-@dataclass
-class R2D2Config:
-    """Hyperparameters of R2D2 (the topology's ``algo`` section)."""
-
-    kind: str = "r2d2"
-    # L: transitions per replayed sequence (each item also holds obs L to bootstrap).
-    sequence_length: int = 40
-    # Leading steps of a sequence that only warm the recurrent state up from the stored
-    # state (no loss, no priority, no gradient). With overlap >= burn_in every step is
-    # in the learning part of some sequence.
-    burn_in: int = 10
-    # Steps shared by consecutive sequences of an env: a sequence starts every
-    # sequence_length - overlap steps.
-    overlap: int = 20
-    batch_size: int = 32  # sequences sampled from replay per update
-    lr: float = 1e-3  # Adam
-    adam_eps: float = 1e-3
-    discount: float = 0.99
-    n_step: int = 5  # rewards summed before bootstrapping (fewer at a sequence's end)
-    eta: float = 0.9  # priority = eta * max |td| + (1 - eta) * mean |td| over a sequence
-    rescale_eps: float = 1e-3  # the eps of the value rescaling h (must be > 0)
-    target_update_every: int = 200  # updates between hard copies online -> target
-    max_grad_norm: float = 40.0
-    # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
-    # learner start-up (see there).
-    light_adam: bool = False
-
-    def __post_init__(self) -> None:
-        errors = self.field_errors(dataclasses.asdict(self))
-        if errors:
-            raise ValueError("; ".join(f"algo.{key}: {msg}" for key, msg in errors))
-
-    @classmethod
-    def field_errors(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """(field, message) for each value out of range, or inconsistent with another,
-        in ``values`` (a topology's ``algo`` section; missing fields take defaults).
-        Values of the wrong type are skipped: the topology's type check reports them."""
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        v = {**defaults, **{k: x for k, x in values.items() if k in defaults}}
-
-        def number(key: str) -> bool:
-            return isinstance(v[key], (int, float)) and not isinstance(v[key], bool)
-
-        rules = [
-            ("sequence_length", lambda: v["sequence_length"] >= 1, "must be >= 1"),
-            ("burn_in", lambda: 0 <= v["burn_in"] < v["sequence_length"],
-             f"must be >= 0 and < sequence_length ({v['sequence_length']}): at least one "
-             "step of each sequence must be learned on"),
-            ("overlap", lambda: 0 <= v["overlap"] < v["sequence_length"],
-             f"must be >= 0 and < sequence_length ({v['sequence_length']}): a sequence "
-             "starts every sequence_length - overlap steps"),
-            ("batch_size", lambda: v["batch_size"] >= 1, "must be >= 1"),
-            ("n_step", lambda: v["n_step"] >= 1, "must be >= 1"),
-            ("lr", lambda: v["lr"] > 0, "must be > 0"),
-            ("adam_eps", lambda: v["adam_eps"] > 0, "must be > 0"),
-            ("discount", lambda: 0 <= v["discount"] <= 1, "must be in [0, 1]"),
-            ("eta", lambda: 0 <= v["eta"] <= 1, "must be in [0, 1]"),
-            ("rescale_eps", lambda: v["rescale_eps"] > 0,
-             "must be > 0 (the inverse of the value rescaling divides by it)"),
-            ("target_update_every", lambda: v["target_update_every"] >= 1, "must be >= 1"),
-            ("max_grad_norm", lambda: v["max_grad_norm"] > 0, "must be > 0"),
-        ]
-        others = {"burn_in": ["sequence_length"], "overlap": ["sequence_length"]}
-        errors = []
-        for key, ok, message in rules:
-            if all(number(k) for k in [key, *others.get(key, [])]) and not ok():
-                errors.append((key, f"{v[key]!r}: {message}"))
-        return errors
 
 
 class R2D2Learner(TargetQLearner):

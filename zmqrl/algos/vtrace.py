@@ -10,11 +10,11 @@ both the bootstrap and the product of trace coefficients.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
+from zmqrl.algo_config import VTraceConfig
 from zmqrl.algos.actor_critic import actor_critic_loss, evaluate_unrolls
 from zmqrl.algos.optim import make_adam
 
@@ -81,39 +81,6 @@ def impala_loss(
     return actor_critic_loss(loss_policy, vs - values, entropy, baseline_cost, entropy_cost)
 
 
-@dataclass
-class VTraceConfig:
-    """Hyperparameters of the V-trace learner (the topology's ``algo`` section).
-
-    The defaults are V-trace and the IMPALA loss as in the paper; the knobs after
-    ``adam_eps`` are optional extras (each off by default).
-    """
-
-    kind: str = "vtrace"
-    unroll: int = 20  # steps per unroll; the broker assembles unrolls this long
-    batch_size: int = 32  # env columns (unrolls) per update
-    lr: float = 6e-4
-    discount: float = 0.99
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
-    clip_rho: float | None = 1.0
-    clip_c: float | None = 1.0
-    clip_pg_rho: float | None = 1.0
-    max_grad_norm: float = 40.0
-    epochs: int = 1  # SGD passes over each batch (V-trace corrects the drift)
-    minibatches: int = 1  # column splits per pass
-    normalize_advantages: bool = False
-    adam_eps: float = 1e-5
-    # Rewards are multiplied by this before V-trace (values learn the scaled return).
-    reward_scale: float = 1.0
-    # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
-    # learner start-up (see there).
-    light_adam: bool = False
-    # Clipped surrogate (PPO/IMPACT style) in place of the IMPALA policy term: with
-    # epsilon set, the policy loss is -min(r A, clip(r, 1-eps, 1+eps) A), r = pi/mu,
-    # A = r_s + gamma_s v_{s+1} - V(x_s) from the V-trace targets (rho not applied, r
-    # carries it). A trust region that makes several epochs per batch safe.
-    ppo_clip: float | None = None
 
 
 class VTraceLearner:

@@ -1,0 +1,274 @@
+"""Typed algorithm configs: a topology's ``algo`` section, parsed once, defaults here only.
+
+Each algorithm's hyperparameters are one dataclass (CleanRL style). ``zmqrl.topology``
+parses the ``algo`` section into it when the topology loads (``Topology.algo_config``),
+so every node reads the same values, defaults included: no node repeats a default.
+
+``family`` says what the algorithm learns from, and so which parts a topology is built
+of (``docs/extending.md``):
+
+* ``unroll``: time-major unrolls of the current policy (actor-critic: V-trace, A2C, PPO);
+* ``replay``: n-step transitions sampled from a replay (DQN: Ape-X, Gorila);
+* ``sequence``: fixed-length sequences with their stored recurrent state, from a replay
+  (R2D2).
+
+This module imports no torch: nodes that run no model (a remote actor, the replay) read
+their config without loading it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+UNROLL, REPLAY, SEQUENCE = "unroll", "replay", "sequence"
+DEFAULT_KIND = "vtrace"
+
+@dataclass
+class VTraceConfig:
+    """Hyperparameters of the V-trace learner (the topology's ``algo`` section).
+
+    The defaults are V-trace and the IMPALA loss as in the paper; the knobs after
+    ``adam_eps`` are optional extras (each off by default).
+    """
+
+    kind: str = "vtrace"
+    family: ClassVar[str] = UNROLL
+    unroll: int = 20  # steps per unroll; the broker assembles unrolls this long
+    batch_size: int = 32  # env columns (unrolls) per update
+    lr: float = 6e-4
+    discount: float = 0.99
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.01
+    clip_rho: float | None = 1.0
+    clip_c: float | None = 1.0
+    clip_pg_rho: float | None = 1.0
+    max_grad_norm: float = 40.0
+    epochs: int = 1  # SGD passes over each batch (V-trace corrects the drift)
+    minibatches: int = 1  # column splits per pass
+    normalize_advantages: bool = False
+    adam_eps: float = 1e-5
+    # Rewards are multiplied by this before V-trace (values learn the scaled return).
+    reward_scale: float = 1.0
+    # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
+    # learner start-up (see there).
+    light_adam: bool = False
+    # Clipped surrogate (PPO/IMPACT style) in place of the IMPALA policy term: with
+    # epsilon set, the policy loss is -min(r A, clip(r, 1-eps, 1+eps) A), r = pi/mu,
+    # A = r_s + gamma_s v_{s+1} - V(x_s) from the V-trace targets (rho not applied, r
+    # carries it). A trust region that makes several epochs per batch safe.
+    ppo_clip: float | None = None
+
+@dataclass
+class A2CConfig:
+    """Hyperparameters of the A2C learner (the topology's ``algo`` section)."""
+
+    kind: str = "a2c"
+    family: ClassVar[str] = UNROLL
+    unroll: int = 5  # steps per unroll
+    batch_size: int = 32  # env columns (unrolls) per update
+    lr: float = 7e-4
+    discount: float = 0.99
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.01
+    max_grad_norm: float = 0.5
+    adam_eps: float = 1e-5
+    normalize_advantages: bool = False
+
+@dataclass
+class PPOConfig:
+    """Hyperparameters of the PPO learner (the topology's ``algo`` section). Defaults are
+    CleanRL's ``ppo_continuous_action.py`` (MuJoCo)."""
+
+    kind: str = "ppo"
+    family: ClassVar[str] = UNROLL
+    unroll: int = 128  # steps per unroll (T); the broker assembles unrolls this long
+    # Env columns per update, summed over all learner ranks (each rank takes its share:
+    # batch_size / ranks columns, the same on every rank).
+    batch_size: int = 16
+    lr: float = 3e-4  # Adam step size (the start value when annealed)
+    anneal_lr: bool = False  # decay lr linearly to 0 ...
+    anneal_updates: int = 0  # ... over this many updates (required with anneal_lr)
+    discount: float = 0.99  # gamma
+    gae_lambda: float = 0.95  # GAE lambda (1: Monte Carlo returns, 0: one-step TD)
+    epochs: int = 10  # passes over each batch
+    minibatches: int = 32  # minibatches per pass, over the rank's T x B local samples
+    clip: float = 0.2  # surrogate clip: ratio kept within [1 - clip, 1 + clip]
+    clip_value: bool = True  # clip the value change around the old value by `clip` too
+    value_cost: float = 0.5  # weight of the value loss (0.5 * squared error)
+    entropy_cost: float = 0.0  # weight of the entropy bonus
+    max_grad_norm: float = 0.5  # global gradient-norm clip (after averaging across ranks)
+    normalize_advantages: bool = True  # per minibatch, as CleanRL
+    adam_eps: float = 1e-5
+    # Rewards are multiplied by this before GAE (values learn the scaled return).
+    reward_scale: float = 1.0
+    # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
+    # learner start-up.
+    light_adam: bool = False
+
+@dataclass
+class DQNConfig:
+    """Hyperparameters of the DQN learner (the topology's ``algo`` section)."""
+
+    kind: str = "dqn"
+    family: ClassVar[str] = REPLAY
+    batch_size: int = 64  # transitions sampled from replay per update
+    lr: float = 2.5e-4  # Adam
+    discount: float = 0.99
+    n_step: int = 3  # used by actors (NStepAccumulator); the learner reads batch["discount"]
+    target_update_every: int = 100  # updates between hard copies online -> target
+    max_grad_norm: float = 10.0
+    huber_delta: float = 1.0
+    double: bool = True  # double DQN targets; False: max_a Q_target(s', a)
+    adam_eps: float = 1.5e-4
+
+@dataclass
+class R2D2Config:
+    """Hyperparameters of R2D2 (the topology's ``algo`` section)."""
+
+    kind: str = "r2d2"
+    family: ClassVar[str] = SEQUENCE
+    # L: transitions per replayed sequence (each item also holds obs L to bootstrap).
+    sequence_length: int = 40
+    # Leading steps of a sequence that only warm the recurrent state up from the stored
+    # state (no loss, no priority, no gradient). With overlap >= burn_in every step is
+    # in the learning part of some sequence.
+    burn_in: int = 10
+    # Steps shared by consecutive sequences of an env: a sequence starts every
+    # sequence_length - overlap steps.
+    overlap: int = 20
+    batch_size: int = 32  # sequences sampled from replay per update
+    lr: float = 1e-3  # Adam
+    adam_eps: float = 1e-3
+    discount: float = 0.99
+    n_step: int = 5  # rewards summed before bootstrapping (fewer at a sequence's end)
+    eta: float = 0.9  # priority = eta * max |td| + (1 - eta) * mean |td| over a sequence
+    rescale_eps: float = 1e-3  # the eps of the value rescaling h (must be > 0)
+    target_update_every: int = 200  # updates between hard copies online -> target
+    max_grad_norm: float = 40.0
+    # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
+    # learner start-up (see there).
+    light_adam: bool = False
+
+    def __post_init__(self) -> None:
+        errors = self.field_errors(dataclasses.asdict(self))
+        if errors:
+            raise ValueError("; ".join(f"algo.{key}: {msg}" for key, msg in errors))
+
+    @classmethod
+    def field_errors(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(field, message) for each value out of range, or inconsistent with another,
+        in ``values`` (a topology's ``algo`` section; missing fields take defaults).
+        Values of the wrong type are skipped: the topology's type check reports them."""
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        v = {**defaults, **{k: x for k, x in values.items() if k in defaults}}
+
+        def number(key: str) -> bool:
+            return isinstance(v[key], (int, float)) and not isinstance(v[key], bool)
+
+        rules = [
+            ("sequence_length", lambda: v["sequence_length"] >= 1, "must be >= 1"),
+            ("burn_in", lambda: 0 <= v["burn_in"] < v["sequence_length"],
+             f"must be >= 0 and < sequence_length ({v['sequence_length']}): at least one "
+             "step of each sequence must be learned on"),
+            ("overlap", lambda: 0 <= v["overlap"] < v["sequence_length"],
+             f"must be >= 0 and < sequence_length ({v['sequence_length']}): a sequence "
+             "starts every sequence_length - overlap steps"),
+            ("batch_size", lambda: v["batch_size"] >= 1, "must be >= 1"),
+            ("n_step", lambda: v["n_step"] >= 1, "must be >= 1"),
+            ("lr", lambda: v["lr"] > 0, "must be > 0"),
+            ("adam_eps", lambda: v["adam_eps"] > 0, "must be > 0"),
+            ("discount", lambda: 0 <= v["discount"] <= 1, "must be in [0, 1]"),
+            ("eta", lambda: 0 <= v["eta"] <= 1, "must be in [0, 1]"),
+            ("rescale_eps", lambda: v["rescale_eps"] > 0,
+             "must be > 0 (the inverse of the value rescaling divides by it)"),
+            ("target_update_every", lambda: v["target_update_every"] >= 1, "must be >= 1"),
+            ("max_grad_norm", lambda: v["max_grad_norm"] > 0, "must be > 0"),
+        ]
+        others = {"burn_in": ["sequence_length"], "overlap": ["sequence_length"]}
+        errors = []
+        for key, ok, message in rules:
+            if all(number(k) for k in [key, *others.get(key, [])]) and not ok():
+                errors.append((key, f"{v[key]!r}: {message}"))
+        return errors
+
+
+CONFIGS: dict[str, type] = {cfg.kind: cfg for cfg in (  # type: ignore[attr-defined]
+    VTraceConfig, A2CConfig, PPOConfig, DQNConfig, R2D2Config)}
+AlgoConfig = VTraceConfig | A2CConfig | PPOConfig | DQNConfig | R2D2Config
+
+
+def config_type(kind: str) -> type:
+    """The config dataclass of ``algo.kind``; ValueError naming the known kinds."""
+    if kind not in CONFIGS:
+        raise ValueError(f"algo.kind: unknown algorithm '{kind}' (known: {', '.join(CONFIGS)})")
+    return CONFIGS[kind]
+
+
+def parse(algo: Mapping[str, Any]) -> AlgoConfig:
+    """The typed config of a topology's ``algo`` section (already validated by
+    :func:`errors`): unknown keys are an error there, so none are dropped silently here."""
+    return config_type(algo.get("kind", DEFAULT_KIND))(**dict(algo))
+
+
+def errors(algo: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, message) for every unknown key, mistyped value and out-of-range value of
+    a topology's ``algo`` section."""
+    kind = algo.get("kind", DEFAULT_KIND)
+    if kind not in CONFIGS:
+        return [("kind", f"unknown algorithm '{kind}' (known: {', '.join(CONFIGS)})")]
+    cls = CONFIGS[kind]
+    found = field_type_errors(cls, algo, kind)
+    # Cross-field checks a config may define (R2D2: burn-in < sequence length, ...).
+    if not found and hasattr(cls, "field_errors"):
+        found += cls.field_errors(algo)
+    return found
+
+
+def field_type_errors(dataclass_type: type | None, values: Mapping[str, Any],
+                      owner: str) -> list[tuple[str, str]]:
+    """Unknown keys and mistyped values of ``values`` against a dataclass's fields."""
+    if dataclass_type is None:
+        return []
+    hints = typing.get_type_hints(dataclass_type)
+    names = [f.name for f in dataclasses.fields(dataclass_type)]
+    found = []
+    for key, value in values.items():
+        if key not in names:
+            found.append((key, f"unknown for {owner} (known: {', '.join(names) or 'none'})"))
+        elif not type_ok(value, hints[key]):
+            hint = ""
+            if isinstance(value, str) and type_ok(1.0, hints[key]):
+                try:
+                    float(value)
+                    hint = f" (YAML reads {value} as text: write it with a dot, e.g. 1.0e-3)"
+                except ValueError:
+                    pass
+            found.append((key, f"{value!r} is not {type_name(hints[key])}{hint}"))
+    return found
+
+
+def type_ok(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple):
+        return isinstance(value, list)
+    if origin is dict:
+        return isinstance(value, dict)
+    if hint is Any:
+        return True
+    return isinstance(value, hint)
+
+
+def type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
