@@ -6,6 +6,15 @@ as in ``model.named_parameters()`` — applies it with the algorithm's optimizer
 with the new parameters and their version. ``get_params`` is answered the same way
 without an update. Every ``publish_every`` updates the parameters also go out on
 ``params`` (PUB), which actors subscribe to.
+
+Checkpoint and resume: ``checkpoints/<label>.pt`` in the run directory holds the model,
+the algorithm's state (optimizer, update counter, target network) and the version and
+env-step counters, written every ``checkpoint_every`` updates and at exit, crash-safely
+(:class:`zmqrl.checkpoint.Checkpointer`). A parameter server that finds it when it
+starts (a restart after a crash, or ``zmqrl up --resume``) restores it and publishes the
+restored parameters with the restored version, so versions continue from there instead
+of starting again from 0 with initial parameters. Gradients applied after the last
+checkpoint are lost with a crash (at most ``checkpoint_every - 1`` updates).
 """
 
 from __future__ import annotations
@@ -18,10 +27,13 @@ import torch
 
 from zmqrl import wire
 from zmqrl.algos import ALGOS, make_algo
+from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
 from zmqrl.models import build_model, pick_device, state_arrays
 from zmqrl.node import Node
 from zmqrl.topology import NodeSpec, Topology
+
+_CHECKPOINT_FORMAT = 1
 
 
 class ParamServer(Node):
@@ -33,6 +45,8 @@ class ParamServer(Node):
     class Args:
         device: str = "cpu"
         publish_every: int = 1
+        # updates between checkpoints (0: only at exit); a crash loses at most this many
+        checkpoint_every: int = 100
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -41,6 +55,9 @@ class ParamServer(Node):
             usable = [k for k, (_, learner) in ALGOS.items() if hasattr(learner, "apply_gradients")]
             return [(("algo", "kind"), f"a parameter server cannot apply '{kind}' gradients "
                                        f"(use one of: {', '.join(usable)})")]
+        if cls.Args(**spec.args).checkpoint_every < 0:
+            return [(("nodes", spec.name, "args", "checkpoint_every"),
+                     "must be >= 0 (0: only at exit)")]
         return []
 
     def setup(self) -> None:
@@ -55,7 +72,28 @@ class ParamServer(Node):
         self.version = 0
         self.env_steps = 0
         self.grad_norm = float("nan")
-        self._publish()
+        self.checkpointer = Checkpointer(
+            node_checkpoint(self.ctx.run_dir, self.ctx.label, TORCH.suffix), self,
+            every=self.args.checkpoint_every, format=TORCH, log=self.log)
+        if self.checkpointer.restore_if_present():
+            self.log.info("resumed from %s at version %d", self.checkpointer.path,
+                          self.version)
+        self._publish()  # the restored parameters, if any, with their version
+
+    # ----- persistence (zmqrl.checkpoint.Saveable) -------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"format": _CHECKPOINT_FORMAT, "model": self.model.state_dict(),
+                "algo": self.algo.state_dict(), "version": self.version,
+                "env_steps": self.env_steps}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("format") != _CHECKPOINT_FORMAT:
+            raise ValueError(f"not a parameter server checkpoint of format "
+                             f"{_CHECKPOINT_FORMAT} (format {state.get('format')!r})")
+        self.model.load_state_dict(state["model"])
+        self.algo.load_state_dict(state["algo"])
+        self.version = int(state["version"])
+        self.env_steps = int(state["env_steps"])
 
     def on_grads(self, envelope: list, msg: wire.Message) -> None:
         if msg.type == wire.GET_PARAMS:
@@ -82,6 +120,7 @@ class ParamServer(Node):
         self._reply(envelope)
         if self.version % self.args.publish_every == 0:
             self._publish()
+        self.checkpointer.maybe_save(self.version)
 
     def _params_message(self) -> list:
         return wire.encode(wire.PARAMS, state_arrays(self.model), version=self.version,
@@ -96,3 +135,6 @@ class ParamServer(Node):
     def metrics(self) -> dict[str, Any]:
         return {"updates": self.version, "env_steps": self.env_steps,
                 "grad_norm": round(self.grad_norm, 5)}
+
+    def teardown(self) -> None:
+        self.checkpointer.save(self.version)
