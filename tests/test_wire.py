@@ -241,13 +241,14 @@ def test_oversize_is_rejected_before_parsing():
         wire.decode([b"\xc1" * 11], max_bytes=10)  # garbage: size is checked first
 
 
-# Known holes: each of these makes decode raise TypeError, which zmqrl.node does not catch,
-# so a single such message from any peer kills the receiving node.
+# Values of the wrong type where a hashable one belongs: each once made decode raise
+# TypeError, which zmqrl.node does not catch (one such message killed a node).
 UNHASHABLE = {
-    "list as type": [msgpack.packb({"v": 1, "t": [], "arrays": []})],  # wire.py line 125
+    "list as type": [msgpack.packb({"v": 1, "t": [], "arrays": []})],
     "map as type": [msgpack.packb({"v": 1, "t": {}, "arrays": []})],
-    "list as dtype": [header(arrays=[["x", ["uint8"], [1], b"x"]])],  # wire.py line 159
-    "bool in shape": [header(arrays=[["x", "uint8", [True], b"x"]])],  # reshape, line 147
+    "list as dtype": [header(arrays=[["x", ["uint8"], [1], b"x"]])],
+    "map as dtype": [header(arrays=[["x", {"a": 1}, [1], b"x"]])],
+    "bool in shape": [header(arrays=[["x", "uint8", [True], b"x"]])],
 }
 
 
@@ -255,6 +256,124 @@ UNHASHABLE = {
 def test_malformed_types_are_protocol_errors(frames):
     with pytest.raises(wire.ProtocolError):
         wire.decode(frames)
+
+
+# ----- header limits: a header costs memory in proportion to the cap, not the message --
+RSS_PROBE = """
+import resource, sys
+import msgpack
+from zmqrl import wire
+
+def peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+kind, size = sys.argv[1], int(sys.argv[2])
+# 0x90 is an empty msgpack array: one byte on the wire, a Python list in memory.
+filler = [[[]] * 60000 for _ in range(size // 60000)]
+frame = msgpack.packb({"v": 1, "t": "ping", "pad": filler})
+before = peak_mib()
+try:
+    msg = wire.decode([frame], max_bytes=1 << 30)
+    outcome = "decoded " + msg.type
+except wire.ProtocolError as exc:
+    outcome = "rejected: " + str(exc)
+print(len(frame), peak_mib() - before, outcome)
+"""
+
+
+def rss_growth(size: int) -> tuple[int, float, str]:
+    """Decode a ``ping`` whose header is ``size`` bytes of empty lists, in a fresh
+    process: (header bytes, peak RSS growth in MiB, outcome)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", RSS_PROBE, "pad", str(size)], check=True,
+                         capture_output=True, text=True, timeout=120).stdout.split(maxsplit=2)
+    return int(out[0]), float(out[1]), out[2].strip()
+
+
+def test_a_big_header_is_rejected_before_msgpack_builds_it():
+    """The issue: a 4 MB header of empty lists decoded as a valid ping and raised peak
+    RSS by 276 MiB; at the 256 MiB message cap that would be ~18 GiB from one message."""
+    size, grown, outcome = rss_growth(4 * 1024 * 1024)
+    assert grown < 16, f"rejecting a {size}-byte header cost {grown:.0f} MiB ({outcome})"
+    assert outcome.startswith("rejected: header of"), outcome
+
+
+def test_a_header_at_the_cap_costs_bounded_memory():
+    """The worst a header under the cap can do: bounded by the cap, whatever the
+    message limit."""
+    size, grown, outcome = rss_growth(wire.MAX_HEADER_BYTES - 4096)
+    assert size <= wire.MAX_HEADER_BYTES
+    assert outcome == "decoded ping", outcome
+    assert grown < 128, f"a {size}-byte header cost {grown:.0f} MiB"
+
+
+def test_encode_refuses_a_header_no_receiver_would_take():
+    many = {f"a{i}": np.zeros(wire.INLINE_MAX_BYTES // 4, np.float32) for i in range(70)}
+    with pytest.raises(wire.ProtocolError, match="exceeds the limit of"):
+        wire.encode(wire.PARAMS, many, version=0)
+    assert len(wire.encode(wire.PARAMS, dict(list(many.items())[:60]), version=0)) == 1
+
+
+@pytest.mark.parametrize("packed", [
+    msgpack.packb({"v": 1, "t": "ping", "x": msgpack.ExtType(1, b"abc")}),
+    msgpack.packb({"v": 1, "t": "ping", "x": msgpack.ExtType(7, b"")}),
+    msgpack.packb({"v": 1, "t": "ping", "x": msgpack.Timestamp(1, 0)}),  # ext -1
+], ids=["ext", "empty ext", "timestamp"])
+def test_ext_types_are_rejected(packed):
+    with pytest.raises(wire.ProtocolError, match="ext"):
+        wire.decode([packed])
+
+
+@pytest.mark.parametrize("depth", [9, 100_000])
+def test_deep_nesting_is_rejected(depth):
+    # {"v": 1, "t": "ping", "x": [[[...[]...]]]}, written byte by byte: msgpack's own
+    # packer will not nest this deep.
+    raw = b"\x83\xa1v\x01\xa1t\xa4ping\xa1x" + b"\x91" * depth + b"\x90"
+    with pytest.raises(wire.ProtocolError, match="deeper than|not msgpack"):
+        wire.decode([raw])
+
+
+def test_nesting_within_the_limit_decodes():
+    row = {"a": {"b": [[1, 2], {"c": [3]}]}}
+    assert roundtrip(wire.METRICS, {}, row=row).fields["row"] == row
+
+
+@pytest.mark.parametrize("field,length", [("s", 64 * 1024 + 1), ("b", wire.INLINE_MAX_BYTES + 1)])
+def test_long_strings_and_bins_are_rejected(field, length):
+    value = "x" * length if field == "s" else b"x" * length
+    with pytest.raises(wire.ProtocolError, match="exceeds max"):
+        wire.decode([msgpack.packb({"v": 1, "t": "ping", "x": value}, use_bin_type=True)])
+
+
+# ----- the ROUTER envelope -----------------------------------------------------------
+@pytest.mark.parametrize("sent,want", [
+    ([b""], 1),  # a lone empty frame: the body, not a delimiter
+    ([b"", b""], 2),  # a delimiter and an empty body: the delimiter comes back
+    ([b"", b"\xc1"], 2),
+    ([b"\xc1"], 1),
+])
+def test_a_reply_mirrors_the_envelope_that_was_sent(sent, want):
+    ctx = zmq.Context.instance()
+    address = f"inproc://envelope-{uuid.uuid4().hex}"
+    opts = sockets.SocketOptions()
+    router = sockets.bind(ctx, "router", address, opts)
+    dealer = sockets.connect(ctx, "dealer", [address], opts)
+    try:
+        dealer.send_multipart(sent)
+        assert router.poll(5000)
+        envelope, body = sockets.split_envelope(router.recv_multipart())
+        with pytest.raises(wire.ProtocolError):
+            wire.decode(body)
+        sockets.send(router, wire.error_reply("bad"), envelope)
+        assert dealer.poll(5000)
+        reply = dealer.recv_multipart()
+        assert len(reply) == want, reply
+        assert wire.decode(reply[want - 1:]).type == wire.ERROR
+    finally:
+        dealer.close(linger=0)
+        router.close(linger=0)
 
 
 # ----- property tests ----------------------------------------------------------------
@@ -271,18 +390,18 @@ def test_random_frames_only_ever_raise_protocol_error(frames):
     decode_or_protocol_error(frames)
 
 
-# msgpack values for places where a specific type belongs. Lists and maps are left out of
-# the ``t`` and ``dtype`` positions, and bools out of shapes, only because of the known
-# TypeError holes above (test_malformed_types_are_protocol_errors).
+# msgpack values for places where a specific type belongs: any of them, containers too,
+# in every position (the type, dtypes, shape entries), including those that once raised
+# TypeError (test_malformed_types_are_protocol_errors).
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
                     st.floats(allow_nan=True), st.text(max_size=8), st.binary(max_size=8))
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
-dims = st.integers(-2, 2**64 - 1) | st.sampled_from([0, 1, 2, 3])
+dims = st.integers(-2, 2**64 - 1) | st.sampled_from([0, 1, 2, 3]) | st.booleans() | values
 specs = st.lists(st.one_of(
-    st.tuples(st.text(max_size=4), st.sampled_from(DTYPES) | scalars, st.lists(dims, max_size=3)),
-    st.tuples(st.text(max_size=4), st.sampled_from(DTYPES) | scalars, st.lists(dims, max_size=3),
-              st.binary(max_size=24) | scalars),
+    st.tuples(st.text(max_size=4), st.sampled_from(DTYPES) | values, st.lists(dims, max_size=3)),
+    st.tuples(st.text(max_size=4), st.sampled_from(DTYPES) | values, st.lists(dims, max_size=3),
+              st.binary(max_size=24) | values),
     values,
 ).map(lambda s: list(s) if isinstance(s, tuple) else s), max_size=3)
 
@@ -290,7 +409,7 @@ specs = st.lists(st.one_of(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     version=st.just(1) | scalars,
-    msg_type=st.sampled_from(sorted(wire.MESSAGE_TYPES)) | scalars,
+    msg_type=st.sampled_from(sorted(wire.MESSAGE_TYPES)) | values,
     arrays=specs | values,
     fields=st.dictionaries(st.text(max_size=6), values, max_size=3),
     trailing=st.lists(st.binary(max_size=48), max_size=3),

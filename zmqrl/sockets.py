@@ -108,8 +108,10 @@ def split_envelope(frames: list) -> tuple[list, list]:
     """Split a message received on a ROUTER into (envelope, body).
 
     A DEALER peer's message is ``[identity, body...]``; a REQ peer adds an empty
-    delimiter, ``[identity, b"", body...]``, which must come back with the reply.
+    delimiter, ``[identity, b"", body...]``, which must come back with the reply. An
+    empty frame is a delimiter only if a body follows it: a lone empty frame is the
+    (empty, rejected) body itself, so its ``error`` reply is one frame, as it was sent.
     """
-    if len(frames) >= 2 and len(frames[1]) == 0:
+    if len(frames) >= 3 and len(frames[1]) == 0:
         return frames[:2], frames[2:]
     return frames[:1], frames[1:]

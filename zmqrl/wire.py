@@ -33,6 +33,22 @@ INLINE_MAX_BYTES = 16 * 1024
 # Default cap for one message (all frames). Sockets also set ZMQ_MAXMSGSIZE per frame.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
+# Cap for the header frame, and for what msgpack may build from it. A header holds the
+# fields and the inline arrays (each at most INLINE_MAX_BYTES), so 1 MiB leaves room for
+# dozens of inline arrays (a model's state dict) while a header decoded under these
+# limits can cost only a few MiB of memory: msgpack's defaults would let a 4 MB header
+# of tiny containers grow into hundreds of MiB of Python objects.
+MAX_HEADER_BYTES = 1024 * 1024
+# msgpack nesting depth: the deepest legitimate header is a metrics row (map in map).
+_UNPACK_LIMITS = {
+    "max_bin_len": INLINE_MAX_BYTES,  # the only bin values are inline array data
+    "max_str_len": 64 * 1024,
+    "max_array_len": 1 << 16,  # array entries, shapes, episode returns of one report
+    "max_map_len": 4096,  # header fields, a metrics row
+    "max_ext_len": 0,
+}
+_MAX_DEPTH = 8
+
 # Most dimensions an array may have: numpy 1.x's limit (2.x allows 64), so that every
 # receiver built on numpy can represent what it accepts.
 MAX_DIMS = 32
@@ -115,7 +131,23 @@ def encode(msg_type: str, arrays: dict[str, np.ndarray] | None = None, **fields:
             frames.append(arr.data.cast("B"))  # zero-copy view of the array
     header = {"v": PROTOCOL_VERSION, "t": msg_type, **fields, "arrays": specs}
     frames[0] = _packer.pack(header)
+    if len(frames[0]) > MAX_HEADER_BYTES:  # no receiver would take it
+        raise ProtocolError(f"header of {len(frames[0])} bytes exceeds the limit of "
+                            f"{MAX_HEADER_BYTES} (too many fields or inline arrays)")
     return frames
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack ext type {code} is not allowed in a header")
+
+
+def _depth(obj: Any, limit: int) -> bool:
+    """Whether ``obj`` nests containers no deeper than ``limit``."""
+    if isinstance(obj, dict):
+        return limit > 0 and all(_depth(v, limit - 1) for v in obj.values())
+    if isinstance(obj, list):
+        return limit > 0 and all(_depth(v, limit - 1) for v in obj)
+    return True
 
 
 def _buffer(frame: Any) -> memoryview | bytes:
@@ -134,10 +166,19 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     total = sum(len(_buffer(f)) for f in frames)
     if total > max_bytes:
         raise ProtocolError(f"message of {total} bytes exceeds the limit of {max_bytes}")
+    if len(raw_header) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(raw_header)} bytes exceeds the limit of "
+                            f"{MAX_HEADER_BYTES}")
     try:
-        header = msgpack.unpackb(raw_header, raw=False, strict_map_key=True)
+        header = msgpack.unpackb(raw_header, raw=False, strict_map_key=True,
+                                 ext_hook=_no_ext, **_UNPACK_LIMITS)
+    except ProtocolError:
+        raise
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"header is not msgpack ({type(exc).__name__})") from None
+        raise ProtocolError(f"header is not msgpack ({type(exc).__name__}: "
+                            f"{str(exc)[:80]})") from None
+    if not _depth(header, _MAX_DEPTH):
+        raise ProtocolError(f"header nests containers deeper than {_MAX_DEPTH}")
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a msgpack {type(header).__name__}, not a map")
     # msgpack's strict_map_key still lets bin keys through; the protocol wants str only.
