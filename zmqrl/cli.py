@@ -96,7 +96,12 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo)
     check(directory)
     stop = launch.StopConditions(max_steps, max_seconds, target_return)
-    sys.exit(launch.Supervisor(topo, directory, stop, resume=resume_dir is not None).run())
+    try:
+        code = launch.Supervisor(topo, directory, stop, resume=resume_dir is not None).run()
+    except launch.RunDirError as exc:  # another run took the directory meanwhile
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    sys.exit(code)
 
 
 @main.command()
@@ -107,12 +112,15 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
               help="Shared by every node of the run (ipc sockets live there). "
                    "Default: runs/<name>.")
 @click.option("--supervisor", help="Address of the supervisor to report to (set by `up`).")
-@click.option("--restart-in-process", is_flag=True,
-              help="Apply the node's restart policy inside this process (for honcho).")
+@click.option("--restart-in-process", "--watchdog", "watch", is_flag=True,
+              help="Run the node as a child process and restart it by its restart policy "
+                   "after any exit, signals included (for honcho: one node's death must "
+                   "not end the Procfile).")
 @_set_option
 def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor: str | None,
-         restart_in_process: bool, sets: tuple[str, ...]) -> None:
-    """Run node NAME of TOPOLOGY (one replica) in this process."""
+         watch: bool, sets: tuple[str, ...]) -> None:
+    """Run node NAME of TOPOLOGY (one replica) in this process (or, with --watchdog, in a
+    child process that is restarted). Stops on SIGTERM, SIGINT and SIGHUP."""
     topo = _load(topology, sets)
     if name not in topo.nodes:
         raise click.BadParameter(f"no node '{name}' in {topology} (nodes: "
@@ -120,7 +128,14 @@ def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo, timestamped=False)
-    sys.exit(launch.run_node(topo, name, replica, directory, supervisor, restart_in_process))
+    if not watch:
+        sys.exit(launch.run_node(topo, name, replica, directory, supervisor))
+    child = [sys.executable, "-m", "zmqrl.cli", "node", topology, name, "--replica",
+             str(replica), "--run-dir", str(directory)]
+    child += ["--supervisor", supervisor] if supervisor else []
+    for pair in sets:
+        child += ["--set", pair]
+    sys.exit(launch.watchdog(topo, name, replica, directory, child))
 
 
 @main.command()

@@ -1,11 +1,17 @@
-"""Running topologies: the ``zmqrl up`` supervisor, ``zmqrl node``, and Procfile export.
+"""Running topologies: the ``zmqrl up`` supervisor's processes and restarts, and Procfiles.
 
 The supervisor starts every node replica as its own process (in its own process group,
 so a whole node tree can be signalled), prefixes and colours its log lines, keeps a
-per-node log file, listens on an ipc ROUTER for hello/heartbeat/metrics, shows a live
-progress line, restarts nodes by their restart policy, and stops everything on a
-signal or when a stop condition is met. It never leaves a child behind: SIGTERM first,
-SIGKILL to the process group after a grace period.
+per-node log file, listens on an ipc ROUTER for hello/heartbeat/metrics (checked and
+pooled by :mod:`zmqrl.runmetrics`), shows a live progress line (:mod:`zmqrl.progress`),
+restarts nodes by their restart policy (:mod:`zmqrl.restart`), and stops everything on
+SIGINT, SIGTERM or SIGHUP or when a stop condition is met. It never leaves a child
+behind: every exit of a node kills the rest of its process group; at the end SIGTERM
+first, SIGKILL to the process group after a grace period. If the supervisor itself dies
+(SIGKILL, the OOM killer) the kernel stops every node (:mod:`zmqrl.lifetime`).
+
+One run directory has one run: the supervisor holds ``locks/supervisor.lock`` and every
+node process its own label's lock; ``up`` refuses a directory where any is held.
 
 A run directory that holds checkpoints belongs to a run that can be resumed: ``up``
 starts a new run only in a directory without them (:func:`check_run_dir`), and
@@ -15,9 +21,6 @@ replay restore their checkpoints and ``metrics/run.csv`` continues where it stop
 
 from __future__ import annotations
 
-import csv
-import logging
-import math
 import os
 import shlex
 import signal
@@ -25,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -36,16 +38,21 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from zmqrl import sockets, wire
+from zmqrl import lifetime, sockets, wire
 from zmqrl.checkpoint import existing_checkpoints
-from zmqrl.endpoints import Endpoints, supervisor_address
-from zmqrl.metrics import CsvLog
-from zmqrl.node import NodeContext
-from zmqrl.topology import Topology, load_class
+from zmqrl.endpoints import supervisor_address
+from zmqrl.labels import label as make_label
+from zmqrl.node import PARENT_PID_ENV
+from zmqrl.nodeproc import run_node, watchdog  # noqa: F401  (the public entry points)
+from zmqrl.progress import Progress
+from zmqrl.restart import Restarts
+from zmqrl.runmetrics import RunMetrics, StopConditions
+from zmqrl.topology import Topology
+
+__all__ = ["RunDirError", "StopConditions", "Supervisor", "check_run_dir", "default_run_dir",
+           "procfile", "run_node", "watchdog"]
 
 STOP_GRACE_S = 5.0
-# A node that ran this long before exiting starts its restart count afresh.
-HEALTHY_AFTER_S = 300.0
 SILENT_AFTER_S = 10.0  # no heartbeat for this long: the node is reported silent
 _COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
             "bright_magenta", "bright_green", "bright_yellow"]
@@ -65,8 +72,14 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
 
     A new run refuses a directory with checkpoints: its nodes would restore them, so the
     old run would be resumed (or, once overwritten, lost) without anyone asking for it.
-    ``resume`` needs the directory to exist.
+    ``resume`` needs the directory to exist. Either way no process of another run may
+    still live in it (the supervisor's or a node's lock is held).
     """
+    held = lifetime.held_locks(run_dir)
+    if held:
+        who = ", ".join(f"{name} ({holder})" for name, holder in held)
+        raise RunDirError(f"run directory {run_dir} is in use by a live run: {who}; stop it "
+                          "first")
     if resume:
         if not run_dir.is_dir():
             raise RunDirError(f"--resume {run_dir}: no such run directory")
@@ -80,43 +93,11 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
             "--run-dir")
 
 
-# ----- one node ----------------------------------------------------------------------
-def run_node(topo: Topology, name: str, replica: int, run_dir: Path,
-             supervisor: str | None = None, in_process_restarts: bool = False) -> int:
-    """Run one node replica in this process until it is told to stop.
-
-    With ``in_process_restarts`` (``zmqrl node`` under honcho, which ends the whole
-    Procfile when one process exits) a node that raises is rebuilt, fresh incarnation,
-    according to its restart policy.
-    """
-    spec = topo.nodes[name]
-    if spec.command is not None:
-        raise SystemExit(f"node '{name}' is an external command; run it directly: "
-                         f"{shlex.join(spec.command)}")
-    if not 0 <= replica < spec.replicas:
-        raise SystemExit(f"node '{name}' has {spec.replicas} replica(s); --replica {replica} "
-                         "is out of range")
-    cls = load_class(spec.target)
-    ctx = NodeContext(topo, spec, replica, Path(run_dir), Endpoints(topo, run_dir), supervisor)
-    restarts = 0
-    while True:
-        try:
-            return cls(ctx).run()
-        except Exception:
-            if not in_process_restarts or spec.restart == "never" or restarts >= spec.max_restarts:
-                raise
-            restarts += 1
-            delay = min(0.5 * 2**restarts, 10.0)
-            logging.getLogger(ctx.label).exception(
-                "crashed; restart %d/%d in %.1fs", restarts, spec.max_restarts, delay)
-            time.sleep(delay)
-
-
 def procfile(topo: Topology, topology_path: str, run_dir: str) -> str:
     lines = [f"# generated by: zmqrl procfile {topology_path}"]
     for name, spec in topo.nodes.items():
         for replica in range(spec.replicas):
-            label = name if spec.replicas == 1 else f"{name}_{replica}"
+            label = make_label(name, replica, spec.replicas, sep="_")
             if spec.command is not None:
                 cmd = shlex.join(spec.command)
             else:
@@ -133,8 +114,8 @@ class _Proc:
     replica: int
     label: str
     colour: str
+    restarts: Restarts
     popen: subprocess.Popen | None = None
-    restarts: int = 0
     restart_at: float | None = None
     started_at: float = 0.0
     last_heartbeat: float = field(default_factory=time.monotonic)
@@ -144,56 +125,42 @@ class _Proc:
     pumps: list[threading.Thread] = field(default_factory=list)
 
 
-@dataclass
-class StopConditions:
-    max_steps: int | None = None
-    max_seconds: float | None = None
-    target_return: float | None = None
-    window: int = 100
-
-
 class Supervisor:
     def __init__(self, topo: Topology, run_dir: Path, stop: StopConditions,
                  console: Console | None = None, resume: bool = False):
         self.topo = topo
         self.run_dir = Path(run_dir)
         self.resume = resume
-        self.run_log: CsvLog | None = None
         self.stop = stop
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.procs: list[_Proc] = []
-        self.env_steps: dict[str, int] = {}  # label -> env steps reported by an actor
-        self.returns: deque[float] = deque(maxlen=stop.window)
-        self.returns_20: deque[float] = deque(maxlen=20)
-        self.episodes = 0
-        self.learner_row: dict[str, Any] = {}
+        self.metrics = RunMetrics(topo, stop, self.run_dir, resume)
         self.stopping = False
         self.reason = ""
         self.exit_code = 0
         self.started = time.monotonic()
-        # A resumed run carries on the totals of metrics/run.csv (its last row): time,
-        # the actors' env steps (they count from 0 again) and episodes.
-        self.base_time_s, self.base_env_steps, self.base_episodes = 0.0, 0, 0
-        if resume:
-            self._load_base()
-        self._rate = (self.started, self.base_env_steps)
-        self.steps_per_s = 0.0
-
-    def _load_base(self) -> None:
-        path = self.run_dir / "metrics" / "run.csv"
-        if not path.exists():
-            return
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        if rows:
-            last = rows[-1]
-            self.base_time_s = float(last.get("time_s") or 0)
-            self.base_env_steps = int(float(last.get("env_steps") or 0))
-            self.base_episodes = int(float(last.get("episodes") or 0))
+        self.progress = Progress(self.metrics, self.started)
 
     # -- lifecycle --
     def run(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.lock = lifetime.RunLock(self.run_dir, lifetime.SUPERVISOR_LOCK).acquire()
+        except lifetime.LockedError as exc:
+            raise RunDirError(f"run directory {self.run_dir} is in use by another "
+                              f"supervisor ({exc.holder})") from None
+        try:
+            # Nodes left over from a run whose supervisor died hold their own locks.
+            nodes = [n for n in lifetime.held_locks(self.run_dir)
+                     if n[0] != lifetime.SUPERVISOR_LOCK]
+            if nodes:
+                raise RunDirError(f"run directory {self.run_dir} has live nodes of another "
+                                  f"run: {', '.join(f'{n} ({h})' for n, h in nodes)}")
+            return self._run()
+        finally:
+            self.lock.release()
+
+    def _run(self) -> int:
         (self.run_dir / "logs").mkdir(exist_ok=True)
         topo_file = self.run_dir / "topology.yaml"
         topo_file.write_text(yaml.safe_dump(self.topo.to_dict(), sort_keys=False))
@@ -202,17 +169,20 @@ class Supervisor:
         self.address = supervisor_address(self.run_dir)
         Path(self.address[6:]).unlink(missing_ok=True)
         self.sock = sockets.bind(zctx, "router", self.address, sockets.SocketOptions(hwm=10_000))
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP: a closed terminal stops the run cleanly (the nodes, in sessions of
+        # their own, would not see it).
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         for i, (name, spec) in enumerate(self.topo.nodes.items()):
             for replica in range(spec.replicas):
-                label = name if spec.replicas == 1 else f"{name}.{replica}"
-                self.procs.append(_Proc(name, replica, label, _COLOURS[i % len(_COLOURS)]))
+                label = make_label(name, replica, spec.replicas)
+                self.procs.append(_Proc(name, replica, label, _COLOURS[i % len(_COLOURS)],
+                                        Restarts(spec)))
         verb = "resuming " if self.resume else ""
         self.console.print(f"zmqrl up: {verb}{self.topo.name} -> {self.run_dir}", markup=False)
         for proc in self.procs:
             self._spawn(proc)
-        live = Live(self._progress(), console=self.console, refresh_per_second=4,
+        live = Live(self.progress.line(), console=self.console, refresh_per_second=4,
                     transient=True) if self.console.is_terminal else None
         try:
             if live:
@@ -221,21 +191,23 @@ class Supervisor:
             while not self.stopping:
                 self._receive(timeout_ms=100)
                 self._check_children()
-                self._check_stop_conditions()
+                reason = self.metrics.stop_reason(time.monotonic() - self.started)
+                if reason:
+                    self._finish(reason, 0)
                 if time.monotonic() - last_row >= 1.0:
                     last_row = time.monotonic()
-                    self._log_run_row()
+                    self.metrics.log_row(time.monotonic() - self.started)
                 if live:
-                    live.update(self._progress())
+                    live.update(self.progress.line())
                 elif time.monotonic() - last_plain > 5.0:
                     last_plain = time.monotonic()
-                    self.console.print(self._progress(), markup=False)
+                    self.console.print(self.progress.line(), markup=False)
         finally:
             if live:
                 live.stop()
             self._shutdown()
-            self._log_run_row()
-        self.console.print(self._progress(final=True), markup=False)
+            self.metrics.log_row(time.monotonic() - self.started)
+        self.console.print(self.progress.line(final=True), markup=False)
         self.console.print(f"zmqrl up: stopped ({self.reason}); run directory {self.run_dir}",
                            markup=False)
         return self.exit_code
@@ -253,10 +225,14 @@ class Supervisor:
         cmd = self._command(proc)
         if proc.log_file is None:
             proc.log_file = open(self.run_dir / "logs" / f"{proc.label}.log", "a")  # noqa: SIM115
-        env = dict(os.environ, PYTHONUNBUFFERED="1", ZMQRL_NODE=proc.label)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", ZMQRL_NODE=proc.label,
+                   **{PARENT_PID_ENV: str(os.getpid())})
+        # Its own session (a whole node tree can be signalled), and it dies with us.
         proc.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env=env, text=True,
-                                      start_new_session=True)
+                                      start_new_session=True,
+                                      preexec_fn=lifetime.child_preexec)
+        self.metrics.started(proc.label, proc.node, proc.popen.pid)
         proc.last_heartbeat = proc.started_at = time.monotonic()
         proc.reported_silent = False
         pump = threading.Thread(target=self._pump, args=(proc, proc.popen), daemon=True)
@@ -293,37 +269,33 @@ class Supervisor:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            _, body = sockets.split_envelope(frames)
+            envelope, body = sockets.split_envelope(frames)
             try:
-                msg = wire.decode(body)
+                label = self.metrics.handle(envelope[0] if envelope else b"",
+                                            wire.decode(body))
             except wire.ProtocolError as exc:
-                self.console.print(f"supervisor: rejected message: {exc}", markup=False)
+                self._rejected(exc)
                 continue
-            self._handle(msg)
+            self._heard(label)
 
-    def _handle(self, msg: wire.Message) -> None:
-        label = msg.fields.get("label") or ""
+    def _rejected(self, exc: wire.ProtocolError) -> None:
+        """Count a report not to be believed; show the first few, then every 1000th."""
+        self.metrics.rejected += 1
+        n = self.metrics.rejected
+        if n <= 10 or n % 1000 == 0:
+            self.console.print(f"supervisor: rejected report ({n} so far): {exc}",
+                               markup=False)
+
+    def _heard(self, label: str) -> None:
         proc = self._proc_by_label(label)
-        if proc is not None:
-            now = time.monotonic()
-            if proc.reported_silent:
-                proc.reported_silent = False
-                self.console.print(f"supervisor: {proc.label} is back after "
-                                   f"{now - proc.last_heartbeat:.0f}s of silence", markup=False)
-            proc.last_heartbeat = now
-        if msg.type != wire.METRICS:
+        if proc is None:
             return
-        row = msg.fields.get("row") or {}
-        episodes = msg.fields.get("episodes") or []
-        self.returns.extend(episodes)
-        self.returns_20.extend(episodes)
-        self.episodes += len(episodes)
-        node = label.split(".")[0]
-        kind = self.topo.nodes[node].kind if node in self.topo.nodes else None
-        if kind == "actor" and "env_steps" in row:
-            self.env_steps[label] = int(row["env_steps"])
-        if kind == "learner":
-            self.learner_row = row
+        now = time.monotonic()
+        if proc.reported_silent:
+            proc.reported_silent = False
+            self.console.print(f"supervisor: {proc.label} is back after "
+                               f"{now - proc.last_heartbeat:.0f}s of silence", markup=False)
+        proc.last_heartbeat = now
 
     def _proc_by_label(self, label: str) -> _Proc | None:
         return next((p for p in self.procs if p.label == label), None)
@@ -347,90 +319,34 @@ class Supervisor:
                     self.console.print(f"supervisor: {proc.label} silent for "
                                        f"{now - proc.last_heartbeat:.0f}s", markup=False)
                 continue
+            # A node's exit ends its whole process group (a simulator it forked, workers).
+            _signal_group(proc.popen, signal.SIGKILL)
             proc.popen = None
             self._on_exit(proc, code, now)
 
     def _on_exit(self, proc: _Proc, code: int, now: float) -> None:
         spec = self.topo.nodes[proc.node]
-        wants_restart = spec.restart == "always" or (spec.restart == "on-failure" and code != 0)
-        if now - proc.started_at > HEALTHY_AFTER_S:
-            # max_restarts bounds a crash loop, not the crashes of a run that lasts days.
-            proc.restarts = 0
-        if wants_restart and proc.restarts < spec.max_restarts:
-            proc.restarts += 1
-            delay = min(0.5 * 2 ** (proc.restarts - 1), 10.0)
+        delay = proc.restarts.after_exit(code, now - proc.started_at)
+        if delay is not None:
             proc.restart_at = now + delay
             self.console.print(f"supervisor: {proc.label} exited with {code}; restart "
-                               f"{proc.restarts}/{spec.max_restarts} in {delay:.1f}s",
+                               f"{proc.restarts.count}/{spec.max_restarts} in {delay:.1f}s",
                                markup=False)
         elif code != 0:
             proc.failed = True
             self._finish(f"{proc.label} failed for good (exit {code}, "
-                         f"{proc.restarts} restarts)", 1)
+                         f"{proc.restarts.count} restarts)", 1)
         else:
             proc.failed = True  # finished; nothing to restart
             self.console.print(f"supervisor: {proc.label} finished", markup=False)
 
-    # -- stop conditions and progress --
+    # -- the run's totals (kept for callers of the old attributes) --
     @property
     def total_env_steps(self) -> int:
-        if self.env_steps:
-            return self.base_env_steps + sum(self.env_steps.values())
-        # the learner's own count, which a resumed learner restores with its checkpoint
-        return max(self.base_env_steps, int(self.learner_row.get("env_steps", 0) or 0))
+        return self.metrics.total_env_steps
 
     def mean_return(self, last: int | None = None) -> float:
-        values = self.returns_20 if last == 20 else self.returns
-        return sum(values) / len(values) if values else math.nan
-
-    def _check_stop_conditions(self) -> None:
-        s = self.stop
-        if s.max_seconds is not None and time.monotonic() - self.started >= s.max_seconds:
-            self._finish(f"--max-seconds {s.max_seconds:g} reached", 0)
-        if s.max_steps is not None and self.total_env_steps >= s.max_steps:
-            self._finish(f"--max-steps {s.max_steps} reached", 0)
-        if (s.target_return is not None and len(self.returns) >= s.window
-                and self.mean_return() >= s.target_return):
-            self._finish(f"target return {s.target_return:g} reached: mean of the last "
-                         f"{s.window} episodes {self.mean_return():.1f}", 0)
-
-    def _log_run_row(self) -> None:
-        """One row a second of the run as a whole (``metrics/run.csv``): what learning
-        curves are drawn from."""
-        if self.run_log is None:
-            self.run_log = CsvLog(self.run_dir / "metrics" / "run.csv")
-        self.run_log.write({
-            "time_s": round(self.base_time_s + time.monotonic() - self.started, 2),
-            "env_steps": self.total_env_steps, "episodes": self.base_episodes + self.episodes,
-            "return_mean_20": round(self.mean_return(20), 2),
-            "return_mean_100": round(self.mean_return(), 2),
-            "updates": self.learner_row.get("updates", 0) if self.learner_row else 0,
-        })
-
-    def _progress(self, final: bool = False) -> Text:
-        """The one-line summary; ``final`` shows the whole run's average rate."""
-        now = time.monotonic()
-        t0, steps0 = self._rate
-        if final:
-            self.steps_per_s = ((self.total_env_steps - self.base_env_steps)
-                                / max(now - self.started, 1e-9))
-        elif now - t0 >= 1.0:
-            self.steps_per_s = (self.total_env_steps - steps0) / (now - t0)
-            self._rate = (now, self.total_env_steps)
-        row = self.learner_row
-        parts = [
-            f"{now - self.started:6.1f}s",
-            f"env steps {self.total_env_steps:,}",
-            f"{self.steps_per_s:,.0f} steps/s",
-            f"episodes {self.base_episodes + self.episodes}",
-            f"return(20) {self.mean_return(20):.1f}",
-            f"return(100) {self.mean_return():.1f}",
-        ]
-        if row:
-            parts.append(f"updates {row.get('updates', 0)}")
-            if row.get("policy_lag") is not None:
-                parts.append(f"lag {row.get('policy_lag')}")
-        return Text(" | ".join(parts), style="bold")
+        return self.metrics.mean_return(last)
 
     def _shutdown(self) -> None:
         live = [p for p in self.procs if p.popen is not None and p.popen.poll() is None]

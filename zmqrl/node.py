@@ -9,6 +9,13 @@ one, writes its metrics CSV into the run directory, and stops cleanly on SIGTERM
 When the topology configures CURVE and the node binds tcp, it also runs the process's
 ZAP handler (:mod:`zmqrl.security`) for as long as its sockets are open.
 
+Producers send experience through an :class:`Outbox` (credit-based flow control); the
+runtime routes the consumer's ``credit``/``error``/``pong`` replies to it. A node that
+binds an XPUB port hears of new subscribers through :meth:`Node.on_subscribe`.
+
+Lifetime: a node stops on SIGTERM, SIGINT and SIGHUP, and when the process that started
+it (supervisor or watchdog, named by ``ZMQRL_PARENT_PID``) is gone (:mod:`zmqrl.lifetime`).
+
 Peer liveness (the ZeroMQ Guide's Paranoid Pirate, client side): every DEALER link
 notes when it last heard anything from its peer. Silent for ``network.heartbeat_s`` (1 s),
 it pings (every ROUTER port answers ``pong``); silent for ``network.peer_timeout_s``
@@ -32,8 +39,9 @@ from typing import Any, ClassVar
 
 import zmq
 
-from zmqrl import security, sockets, wire
+from zmqrl import lifetime, security, sockets, wire
 from zmqrl.endpoints import Endpoints
+from zmqrl.labels import label as make_label
 from zmqrl.metrics import CsvLog
 from zmqrl.topology import NodeSpec, Topology
 
@@ -43,6 +51,10 @@ HEARTBEAT_S = 1.0  # to the supervisor, and the default peer ping interval
 PEER_TIMEOUT_S = 5.0  # default: a link peer silent this long is declared dead
 # The loop wakes at least this often, so a stop signal is honoured within it.
 MAX_POLL_MS = 100
+# Set by whoever starts a node process (supervisor, watchdog): the node stops when that
+# process is gone, checked this often (and signalled by the kernel, see lifetime.py).
+PARENT_PID_ENV = "ZMQRL_PARENT_PID"
+PARENT_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ class NodeContext:
 
     @property
     def label(self) -> str:
-        return self.spec.name if self.spec.replicas == 1 else f"{self.spec.name}.{self.replica}"
+        return make_label(self.spec.name, self.replica, self.spec.replicas)
 
 
 @dataclass
@@ -88,43 +100,135 @@ class Outbox:
     producing (stops reading actor requests, stops stepping envs). A slow consumer
     therefore slows the actors instead of growing memory or losing data.
 
-    Credit lost with a restarted consumer is restored after ``credit_timeout_s``
-    without any grant.
+    The runtime routes every ``credit``, ``error`` and ``pong`` on the link to the
+    outbox registered for it (:meth:`on_reply`); nodes need no handler for them.
+
+    **A restarted consumer** loses the messages it had not granted yet, and with them
+    our credit. Each ``credit`` and ``pong`` names the consumer replica (``node``) and
+    its ``incarnation``; a replica seen with a new incarnation (or for the first time
+    while messages are outstanding) starts a *recount*: we hold our messages and ping
+    every replica of the link; a consumer answers a ping only after everything we sent
+    before it (it handles a port's messages in order and grants on receipt, or stops
+    reading while it holds one back), so once every replica has answered, every
+    message not granted is lost for good and none is in flight: credit starts again
+    at ``credit``. A consumer that is merely slow or stopped (SIGSTOP, a checkpoint, a
+    rate limiter) keeps its incarnation, so nothing is ever sent beyond the credit.
     """
 
     def __init__(self, node: Node, name: str, limit: int, credit: int = 2,
-                 credit_timeout_s: float = 5.0):
+                 credit_timeout_s: float | None = None):
+        # credit_timeout_s: accepted for compatibility and ignored; credit is restored
+        # by incarnation (above), never by a timer.
         self.node = node
         self.name = name
         self.limit = limit
         self.initial_credit = credit
         self.credit = credit
-        self.credit_timeout_s = credit_timeout_s
-        self._starved_since: float | None = None  # out of credit with messages waiting
         self._queue: deque[list] = deque()
+        self._incarnations: dict[str, str] = {}  # consumer replica label -> incarnation
+        self._recount_seq: int | None = None  # pings numbered >= this answer the recount
+        self._recount_answered: set[str] = set()
+        self._ping_seq = 0
+        self._pinged_at = 0.0
+        self.sent = 0  # messages sent, ever
+        self.granted = 0  # credit granted, ever
+        self.recounts = 0
+        self.rejected = 0  # messages the consumer answered with ``error``
+        node.register_outbox(self)
 
     def push(self, frames: list) -> None:
         self._queue.append(frames)
         self.flush()
 
     def grant(self, n: int) -> None:
+        self.granted += n
         self.credit = min(self.credit + n, self.initial_credit)
-        self._starved_since = None
         self.flush()
 
     def flush(self) -> None:
+        if self._recount_seq is not None:
+            self._ping_for_recount()
+            return
         while self._queue and self.credit > 0 and \
                 self.node.send(self.name, self._queue[0], flags=zmq.NOBLOCK):
             self._queue.popleft()
             self.credit -= 1
-        if not self._queue or self.credit > 0:
-            self._starved_since = None
-        elif self._starved_since is None:
-            self._starved_since = time.monotonic()
-        elif time.monotonic() - self._starved_since > self.credit_timeout_s:
-            self.node.log.warning("no credit from '%s' for %.0fs; assuming it restarted",
-                                  self.name, self.credit_timeout_s)
-            self.grant(self.initial_credit)
+            self.sent += 1
+
+    # ----- replies from the consumer ------------------------------------------------
+    def on_reply(self, msg: wire.Message) -> None:
+        """A ``credit``, ``error`` or ``pong`` that arrived on our link."""
+        if msg.type == wire.CREDIT:
+            n = msg.fields.get("n")
+            if type(n) is not int or n < 1:
+                raise wire.ProtocolError(f"credit 'n' must be a positive int, got {n!r}")
+            self._saw(msg)
+            self.grant(n)
+        elif msg.type == wire.PONG:
+            self._saw(msg)
+            seq, label = msg.fields.get("seq"), msg.fields.get("node")
+            if self._recount_seq is not None and type(seq) is int \
+                    and seq >= self._recount_seq and isinstance(label, str):
+                self._recount_answered.add(label)
+                if len(self._recount_answered) >= self.node.link_replicas(self.name):
+                    self._end_recount()
+        elif msg.type == wire.ERROR:
+            self.rejected += 1
+            self.node.bad_messages += 1
+            self.node.log.error("our message was rejected: %s", msg.fields.get("error"))
+        else:
+            raise wire.ProtocolError(f"expected '{wire.CREDIT}' or '{wire.ERROR}', "
+                                     f"got '{msg.type}'")
+
+    def _saw(self, msg: wire.Message) -> None:
+        label, incarnation = msg.fields.get("node"), msg.fields.get("incarnation")
+        if not isinstance(label, str) or not isinstance(incarnation, str):
+            return  # a consumer that does not say who it is: no recount possible
+        known = self._incarnations.get(label)
+        if known == incarnation:
+            return
+        if known is None and len(self._incarnations) >= 64:
+            raise wire.ProtocolError("too many consumer replicas on one link")
+        self._incarnations[label] = incarnation
+        if known is not None:
+            self.node.log.info("'%s' consumer %s restarted (incarnation %s -> %s): "
+                               "recounting credit", self.name, label, known, incarnation)
+            self._start_recount()
+        elif self.sent > self.granted:
+            self._start_recount()  # it may be a restart we never saw the first life of
+
+    def _start_recount(self) -> None:
+        self.recounts += 1
+        self._recount_seq = self._ping_seq + 1
+        self._recount_answered = set()
+        self._pinged_at = 0.0
+        self._ping_for_recount()
+
+    def _ping_for_recount(self) -> None:
+        """One ping per consumer replica (the DEALER deals them round-robin), again
+        every heartbeat until each replica has answered one."""
+        now = time.monotonic()
+        if now - self._pinged_at < self.node.heartbeat_s:
+            return
+        self._pinged_at = now
+        for _ in range(self.node.link_replicas(self.name)):
+            self._ping_seq += 1
+            self.node.send(self.name, wire.encode(wire.PING, seq=self._ping_seq),
+                           flags=zmq.NOBLOCK)
+
+    def _end_recount(self) -> None:
+        lost = self.sent - self.granted
+        if lost > 0:
+            self.node.log.info("'%s' credit recounted: %d message(s) lost with a consumer",
+                               self.name, lost)
+        self.granted = self.sent  # the lost ones will never be granted
+        self._recount_seq = None
+        self.credit = self.initial_credit
+        self.flush()
+
+    @property
+    def recounting(self) -> bool:
+        return self._recount_seq is not None
 
     @property
     def full(self) -> bool:
@@ -137,9 +241,14 @@ class Outbox:
 class Node:
     binds: ClassVar[dict[str, str]] = {}  # port -> "router" | "pub" | "pull"
     port_hwm: ClassVar[dict[str, int]] = {}  # per-port queue bounds, where not the default
-    # "pub" ports bound as XPUB (sockets.SocketOptions.xpub); the node reads their
-    # subscriptions itself (they are not wire messages, so the loop does not poll them).
+    # "pub" ports bound as XPUB (sockets.SocketOptions.xpub): the runtime reads their
+    # subscription frames (not wire messages) and calls :meth:`on_subscribe`, once per
+    # loop turn, when anyone subscribed. (A node that does not override on_subscribe
+    # reads the frames itself; the runtime then leaves the socket alone.)
     xpub_ports: ClassVar[frozenset[str]] = frozenset()
+    # Message types each bound port takes, for ``describe``; default: all but ``ping``
+    # unknown (the port is listed with an empty tuple).
+    accepts: ClassVar[dict[str, tuple[str, ...]]] = {}
     links: ClassVar[dict[str, Link]] = {}
     Args: ClassVar[type] = NoArgs
     metrics_interval_s: ClassVar[float] = 2.0
@@ -184,6 +293,13 @@ class Node:
         self._heard: dict[str, float] = {}  # DEALER socket -> when its peer last spoke
         self._silent: set[str] = set()  # DEALER sockets whose peer is declared dead
         self.silent_peers = 0  # times a link peer was declared dead
+        self._outboxes: dict[str, Outbox] = {}  # link socket -> its Outbox
+        self._xpub: dict[zmq.Socket, str] = {}  # XPUB sockets the runtime reads -> port
+        self._subscribed: set[str] = set()  # XPUB ports with a new subscriber this turn
+        # Exit when whoever started us is gone (the supervisor or the node watchdog set
+        # ZMQRL_PARENT_PID): see zmqrl.lifetime.
+        parent = os.environ.get(PARENT_PID_ENV)
+        self._parent = lifetime.ParentWatch(int(parent)) if parent else None
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -207,7 +323,11 @@ class Node:
                 Path(address[6:]).unlink(missing_ok=True)  # a stale file from a dead process
             port_opts = dataclasses.replace(opts, hwm=self.port_hwm.get(port, opts.hwm),
                                             xpub=port in self.xpub_ports)
-            self._add_socket(port, sockets.bind(self._zctx, kind, address, port_opts))
+            sock = sockets.bind(self._zctx, kind, address, port_opts)
+            if port in self.xpub_ports and type(self).on_subscribe is not Node.on_subscribe:
+                self._xpub[sock] = port
+                self._poller.register(sock, zmq.POLLIN)
+            self._add_socket(port, sock)
         for name in self.links:
             if name in self.ctx.spec.links:
                 self._add_socket(name, self._connect_link(name))
@@ -254,7 +374,7 @@ class Node:
             self._heard[name] = time.monotonic()
         self._traffic.setdefault(name, [0, 0, 0, 0])
         handler = self._custom_handlers.get(name) or getattr(self, f"on_{name}", None)
-        if handler is not None or sock.type == zmq.ROUTER:
+        if handler is not None or sock.type == zmq.ROUTER or name in self._outboxes:
             self._handlers[sock] = (name, handler, sock.type == zmq.ROUTER)
             self._poller.register(sock, zmq.POLLIN)
 
@@ -294,24 +414,29 @@ class Node:
         stats[3] += sum(memoryview(f).nbytes for f in frames)
         return True
 
+    def register_outbox(self, outbox: Outbox) -> None:
+        """Route the ``credit``, ``error`` and ``pong`` replies on ``outbox.name`` to it
+        (:class:`Outbox` does this itself when it is made)."""
+        self._outboxes[outbox.name] = outbox
+        sock = self.sockets.get(outbox.name)
+        if sock is not None and sock not in self._handlers:  # a link with no handler of its own
+            self._handlers[sock] = (outbox.name, None, False)
+            self._poller.register(sock, zmq.POLLIN)
+
+    def link_replicas(self, name: str) -> int:
+        """How many bound ports (replicas) the link socket ``name`` connects to."""
+        link = self._link_of.get(name, name)
+        return max(1, len(self.ctx.endpoints.link_addresses(self.ctx.spec.links[link])))
+
     def every(self, seconds: float, fn: Callable[[], None]) -> None:
         self._timers.append([time.monotonic() + seconds, seconds, fn])
 
     def on_producer_reply(self, _envelope: list, msg: wire.Message) -> None:
-        """Replies on a producer's ``experience`` link (a node with ``self.outbox``):
-        credit grants for the outbox, and ``error`` for a message the consumer
-        rejected (logged). Producers use it as ``on_experience = on_producer_reply``."""
-        if msg.type == wire.CREDIT:
-            n = msg.fields.get("n")
-            if type(n) is not int or n < 1:
-                raise wire.ProtocolError(f"credit 'n' must be a positive int, got {n!r}")
-            self.outbox.grant(n)
-        elif msg.type == wire.ERROR:
-            self.bad_messages += 1
-            self.log.error("our message was rejected: %s", msg.fields.get("error"))
-        else:
-            raise wire.ProtocolError(f"expected '{wire.CREDIT}' or '{wire.ERROR}', "
-                                     f"got '{msg.type}'")
+        """Deprecated: the runtime now routes ``credit``/``error``/``pong`` on a link to
+        its registered :class:`Outbox`, so ``on_experience = on_producer_reply`` only
+        sees other message types (rejected as before). Kept so nodes that still
+        declare it keep working."""
+        self.outbox.on_reply(msg)
 
     @staticmethod
     def expect_reply(msg: wire.Message, msg_type: str, peer: str) -> None:
@@ -325,7 +450,9 @@ class Node:
 
     def grant_credit(self, name: str, envelope: list, n: int = 1) -> None:
         """Consumer side of :class:`Outbox`: let that producer send ``n`` more."""
-        self.send(name, wire.encode(wire.CREDIT, n=n), envelope)
+        # Who we are, so a producer can tell our restart from our being slow (Outbox).
+        self.send(name, wire.encode(wire.CREDIT, n=n, node=self.ctx.label,
+                                    incarnation=self.incarnation), envelope)
 
     # ----- hooks for subclasses -----------------------------------------------------
     def setup(self) -> None:
@@ -343,6 +470,10 @@ class Node:
 
     def teardown(self) -> None:
         """Flush what must be flushed; sockets are closed afterwards."""
+
+    def on_subscribe(self, port: str) -> None:
+        """Someone subscribed to XPUB ``port`` (one call per loop turn however many did;
+        e.g. publish the current parameters so a late subscriber need not wait)."""
 
     def on_peer_silent(self, name: str) -> None:
         """The peer of DEALER socket ``name`` said nothing for ``peer_timeout_s``, pings
@@ -368,8 +499,11 @@ class Node:
 
     # ----- the loop -----------------------------------------------------------------
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        # SIGHUP too: a closed terminal must stop a node cleanly, not kill it mid-write.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        if self._parent is not None:
+            lifetime.die_with_parent()
         try:
             self._open_sockets()
             self.setup()
@@ -380,11 +514,19 @@ class Node:
             if self._heard:
                 self.every(self.heartbeat_s, self._check_peers)
             self.every(self.metrics_interval_s, self._emit_metrics)
+            if self._parent is not None:
+                self.every(PARENT_CHECK_S, self._check_parent)
             self.log.info("up (incarnation %s)", self.incarnation)
             while not self.stopping:
                 ready = self._poller.poll(min(self.poll_timeout_ms(), MAX_POLL_MS))
                 for sock, _ in ready:
-                    self._drain(sock)
+                    if sock in self._xpub:
+                        self._drain_subscriptions(sock)
+                    else:
+                        self._drain(sock)
+                for port in self._subscribed:
+                    self.on_subscribe(port)
+                self._subscribed.clear()
                 self.after_poll()
                 self._fire_timers()
             self.teardown()
@@ -398,6 +540,22 @@ class Node:
                 self._auth.stop()
         self.log.info("stopped")
         return 0
+
+    def _check_parent(self) -> None:
+        if self._parent is not None and self._parent.gone() and not self.stopping:
+            self.log.warning("the process that started us (pid %d) is gone; stopping",
+                             self._parent.parent_pid)
+            self.stopping = True
+
+    def _drain_subscriptions(self, sock: zmq.Socket) -> None:
+        """XPUB frames: ``\\x01topic`` subscribes, ``\\x00topic`` unsubscribes."""
+        for _ in range(1000):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if frame[:1] == b"\x01":
+                self._subscribed.add(self._xpub[sock])
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.log.info("%s received, stopping", signal.Signals(signum).name)
@@ -419,7 +577,10 @@ class Node:
             try:
                 msg = wire.decode(body, self.max_message_bytes)
                 if msg.type == wire.PING and envelope:
-                    self.send(name, wire.encode(wire.PONG, node=self.ctx.label), envelope)
+                    self._pong(name, envelope, msg)
+                elif not envelope and name in self._outboxes and \
+                        msg.type in (wire.CREDIT, wire.ERROR, wire.PONG):
+                    self._outboxes[name].on_reply(msg)
                 elif msg.type == wire.PONG and not envelope:
                     pass  # an answer to our liveness ping: hearing it was the point
                 elif handler is None:
@@ -433,6 +594,13 @@ class Node:
                     self.send(name, wire.error_reply(str(exc)), envelope)
             if self.stopping or name in self._paused:
                 return
+
+    def _pong(self, name: str, envelope: list, ping: wire.Message) -> None:
+        fields: dict[str, Any] = {"node": self.ctx.label, "incarnation": self.incarnation}
+        seq = ping.fields.get("seq")
+        if type(seq) is int:
+            fields["seq"] = seq  # echoed: the pinger can tell which ping this answers
+        self.send(name, wire.encode(wire.PONG, **fields), envelope)
 
     def _peer_heard(self, name: str) -> None:
         now = time.monotonic()
@@ -476,6 +644,9 @@ class Node:
             row["silent_peers"] = self.silent_peers
         if self._auth is not None:
             row["auth_denied"] = self._auth.denied  # CURVE handshakes refused by ZAP
+        for name, outbox in self._outboxes.items():
+            row[f"{name}_sent"] = outbox.sent  # cumulative: messages sent under credit
+            row[f"{name}_recounts"] = outbox.recounts
         self._last_metrics_t = now
         self._metrics_log.write(row)
         self._report(wire.METRICS, row=row, episodes=self.episode_log)
