@@ -41,7 +41,9 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 MAX_HEADER_BYTES = 1024 * 1024
 # msgpack nesting depth: the deepest legitimate header is a metrics row (map in map).
 _UNPACK_LIMITS = {
-    "max_bin_len": INLINE_MAX_BYTES,  # the only bin values are inline array data
+    # inline array data: a sender may inline any array (receivers must accept either
+    # form), so the header cap is the only bound; bytes cost bytes, not objects
+    "max_bin_len": MAX_HEADER_BYTES,
     "max_str_len": 64 * 1024,
     "max_array_len": 1 << 16,  # array entries, shapes, episode returns of one report
     "max_map_len": 4096,  # header fields, a metrics row
