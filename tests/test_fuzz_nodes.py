@@ -519,7 +519,8 @@ def test_broker_rejects_non_finite_observations(tmp_path):
                                        "done": np.zeros(2, bool)}, seq=1)
         with pytest.raises(wire.ProtocolError):
             broker.on_policy([b"peer"], wire.decode(step))
-            broker.after_poll()  # serve the batch
+        broker.after_poll()  # what the node does next must not raise: that would kill it
+        assert not broker.pending, "the rejected step was queued for the model"
     finally:
         close(broker)
 
@@ -546,7 +547,8 @@ def test_learner_rejects_out_of_range_actions(tmp_path):
     try:
         with pytest.raises(wire.ProtocolError):
             learner.on_experience([b"peer"], unroll(action=np.full((UNROLL, 4), 3, np.int64)))
-            learner.after_poll()  # train on it (batch_size 4 = this unroll's columns)
+        learner.after_poll()  # batch_size 4 = this unroll's columns: nothing to train on
+        assert learner.updates == 0
     finally:
         close(learner)
 
@@ -556,12 +558,16 @@ def test_learner_keeps_finite_parameters(tmp_path):
 
     learner = in_process("learner", tmp_path)
     try:
-        try:
+        with pytest.raises(wire.ProtocolError):
             learner.on_experience([b"peer"], unroll(reward=np.full((UNROLL, 4), np.nan,
                                                                    np.float32)))
-            learner.after_poll()
-        except wire.ProtocolError:
-            pass  # rejecting it is the fix
+        learner.after_poll()
+        assert learner.updates == 0, "it trained on the rejected unroll"
+        # ... and it still trains on good data, which stays finite.
+        learner.on_experience([b"peer"], unroll(reward=np.ones((UNROLL, 4), np.float32),
+                                                action=np.ones((UNROLL, 4), np.int64)))
+        learner.after_poll()
+        assert learner.updates == 1
         assert all(torch.isfinite(p).all() for p in learner.model.parameters())
     finally:
         close(learner)
