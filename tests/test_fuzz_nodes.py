@@ -571,3 +571,98 @@ def test_learner_keeps_finite_parameters(tmp_path):
         assert all(torch.isfinite(p).all() for p in learner.model.parameters())
     finally:
         close(learner)
+
+
+# ----- well-formed messages with bad values or dtypes, generated from the declarations --
+# (port): the declaration its messages must keep, and the context the node checks in
+DECLARED = {
+    ("broker", "policy"): ("step", "step"),
+    ("learner", "experience"): ("unroll", "unroll"),
+    ("replay", "experience"): ("insert", "insert/transitions"),
+    ("replay", "sample"): ("sample", "sample"),
+    ("param_server", "grads"): ("grads", "grads"),
+}
+OTHER_DTYPE = {"float32": "float64", "float64": "float32", "bool": "uint8", "int64": "int32",
+               "int32": "int64", "float16": "int8"}
+
+
+@st.composite
+def violation(draw: st.DrawFn, msg_type: str, key: str) -> list:
+    """A valid message of ``msg_type`` with one value or dtype broken, such that
+    ``zmqrl.messages.check`` rejects it (so the port must too)."""
+    from zmqrl import messages
+
+    frames = draw(valid_message(msg_type))
+    msg = wire.decode([bytes(f) for f in frames])
+    arrays = {k: np.array(v) for k, v in msg.arrays.items()}
+    fields = dict(msg.fields)
+    spec = messages.SPECS[key]
+    how = draw(st.sampled_from(["dtype", "field", "nan", "action", "drop"]))
+    if how == "dtype" and arrays:
+        name = draw(st.sampled_from(sorted(arrays)))
+        arrays[name] = arrays[name].astype(OTHER_DTYPE.get(arrays[name].dtype.name, "float64"))
+    elif how == "field" and spec.fields:
+        f = draw(st.sampled_from(spec.fields))
+        fields[f.name] = draw(st.sampled_from(["7", 1.5, True, [1], -1]))
+    elif how == "nan" and any(a.dtype.kind == "f" and a.size for a in arrays.values()):
+        name = draw(st.sampled_from(sorted(k for k, a in arrays.items()
+                                           if a.dtype.kind == "f" and a.size)))
+        arrays[name].flat[draw(st.integers(0, arrays[name].size - 1))] = \
+            draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    elif how == "action" and "action" in arrays:
+        arrays["action"].flat[0] = draw(st.sampled_from([-1, 2, 2**40]))
+    elif spec.arrays:
+        required = [a.name for a in spec.arrays if a.required]
+        if required:
+            arrays.pop(draw(st.sampled_from(required)), None)
+    bad = wire.encode(msg_type, arrays, **fields)
+    try:
+        messages.check(wire.decode([bytes(f) for f in bad]), spec, _fuzz_context())
+    except wire.ProtocolError:
+        return bad
+    from hypothesis import reject
+    reject()  # the mutation happened to keep the rules (say, another valid action)
+
+
+_CONTEXT: list = []
+
+
+def _fuzz_context() -> Any:
+    from zmqrl import messages
+    from zmqrl.envs import env_spec
+    from zmqrl.models import build_model
+
+    if not _CONTEXT:
+        env = env_spec(TOPOLOGY["env"])
+        _CONTEXT.append(messages.Context.from_env(
+            env, unroll=UNROLL, model=build_model(TOPOLOGY["model"], env)))
+    return _CONTEXT[0]
+
+
+@pytest.mark.parametrize("node,port", list(DECLARED), ids=[f"{n}.{p}" for n, p in DECLARED])
+def test_bad_values_and_dtypes_get_an_error_reply(targets, node, port):
+    """Every port checks values and dtypes against the declarations (zmqrl.messages):
+    a message that breaks one is answered ``error`` and does not reach the node's work."""
+    target = targets[0][(node, port)]
+    msg_type, key = DECLARED[(node, port)]
+
+    @settings(max_examples=30, deadline=None, database=None,
+              phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                     HealthCheck.data_too_large])
+    @given(frames=violation(msg_type, key))
+    def run(frames: list) -> None:
+        target.sock.send_multipart(frames)
+        target.sock.send_multipart(wire.encode(wire.PING))
+        replies = []
+        deadline = time.monotonic() + PONG_DEADLINE_S
+        while not replies or replies[-1] != wire.PONG:
+            left = deadline - time.monotonic()
+            assert left > 0 and target.sock.poll(int(left * 1000)), (
+                f"no pong from {node}.{port}:\n{target.log_tail()}")
+            replies.append(wire.decode(target.sock.recv_multipart()).type)
+        assert wire.ERROR in replies, (
+            f"{node}.{port} took a message that breaks its declaration: "
+            f"{wire.decode([bytes(f) for f in frames])}")
+
+    run()
