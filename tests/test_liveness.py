@@ -113,33 +113,76 @@ def test_frozen_broker_is_declared_dead_by_peers_and_supervisor(processes, tmp_p
     stop_process(proc)
 
 
-def test_paused_learner_keeps_every_other_process_in_bounded_memory(processes, tmp_path):
+def test_paused_learner_holds_every_producer_at_its_credit(processes, tmp_path):
+    """A learner frozen for longer than any timer: the broker sends nothing beyond its
+    credit (it was once re-granted every 5 s), the actors stop stepping, memory stays flat."""
     proc, run_dir, log = start(processes, tmp_path)
     learner = pid_of(run_dir, "learner")
     others = {"broker": pid_of(run_dir, "broker"), "actor.0": pid_of(run_dir, "actor", 0),
               "actor.1": pid_of(run_dir, "actor", 1)}
+    broker_csv = run_dir / "metrics" / "broker.csv"
     os.kill(learner, signal.SIGSTOP)
     try:
         baseline = {label: rss_kib(pid) for label, pid in others.items()}
         peak = dict(baseline)
-        deadline = time.monotonic() + 30
+
+        def held() -> dict | None:
+            """The broker's row once its outbox is full and two rows show no step."""
+            rows = read_csv(broker_csv)
+            if len(rows) >= 2 and int(rows[-1]["outbox"]) >= 2 and \
+                    rows[-1]["env_steps"] == rows[-2]["env_steps"]:
+                return rows[-1]
+            return None
+
+        frozen = wait_for(held, 20, "the broker to hold (outbox full, no steps)")
+        deadline = time.monotonic() + 12  # over twice the old 5 s credit timer
         while time.monotonic() < deadline:
             for label, pid in others.items():
                 peak[label] = max(peak[label], rss_kib(pid))
             time.sleep(0.5)
-        steps_frozen = last(run_dir, "broker", "env_steps")
-        time.sleep(2.5)  # two metrics rows: the actors are held, not running on
-        steps_still = last(run_dir, "broker", "env_steps")
+        still = read_csv(broker_csv)[-1]
     finally:
         os.kill(learner, signal.SIGCONT)
-    # Credit and outbox bounds: a stalled learner stops the actors instead of queueing.
+    assert float(still["time_s"]) - float(frozen["time_s"]) >= 10
+    # Credit: not one unroll sent while the learner could not consume, not one env step.
+    assert still["experience_sent"] == frozen["experience_sent"], (frozen, still)
+    assert still["env_steps"] == frozen["env_steps"], "the actors kept stepping"
+    assert int(still["outbox"]) <= 2  # max_outbox: what waits is bounded too
     # 32 MiB leaves room for allocator noise; a queue of unrolls would pass it in seconds.
     for label in others:
         assert peak[label] - baseline[label] < 32 * 1024, (label, baseline, peak)
-    assert steps_still - steps_frozen < 5000, "the actors kept stepping into a dead end"
     assert last(run_dir, "broker", "backpressure_pauses") >= 1
     updates = last(run_dir, "learner", "updates")
     wait_for(lambda: last(run_dir, "learner", "updates") > updates + 5, 30,
              "the run to recover after SIGCONT")
+    assert "recounting credit" not in (run_dir / "logs" / "broker.log").read_text()
+    assert proc.poll() is None
+    stop_process(proc)
+
+
+def test_killed_learner_comes_back_and_the_broker_recovers_credit_and_params(
+        processes, tmp_path):
+    """The real broker, not a test playing it: its credit, lost with the learner's
+    queue, is recounted once the new learner answers, and it takes the new learner's
+    parameters (it resubscribes; the learner publishes on each new subscription)."""
+    proc, run_dir, log = start(processes, tmp_path)
+    os.kill(pid_of(run_dir, "learner"), signal.SIGKILL)
+    learner_log = run_dir / "logs" / "learner.log"
+    wait_for(lambda: learner_log.read_text().count("up (incarnation") == 2, 30,
+             "the learner to be restarted")
+    assert "learner exited with -9; restart 1/" in log.read_text()
+    broker_log = run_dir / "logs" / "broker.log"
+    wait_for(lambda: "consumer learner restarted" in broker_log.read_text(), 20,
+             "the broker to see the learner's new incarnation")
+    rows_before = len(read_csv(run_dir / "metrics" / "learner.csv"))
+
+    def trains_on() -> bool:
+        rows = read_csv(run_dir / "metrics" / "learner.csv")[rows_before:]
+        return len(rows) >= 2 and int(rows[-1]["updates"]) >= int(rows[0]["updates"]) + 5
+
+    wait_for(trains_on, 40, "the restarted learner to train on the broker's unrolls")
+    learner_now = last(run_dir, "learner", "updates")
+    wait_for(lambda: 1 <= last(run_dir, "broker", "param_version") <= learner_now + 10, 20,
+             "the broker to act with the new learner's parameters")
     assert proc.poll() is None
     stop_process(proc)

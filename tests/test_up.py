@@ -164,3 +164,56 @@ def test_pipelined_lanes_are_separate_connections(processes, tmp_path):
                                if r["actors"] == "2"], 10, "two connections at the broker")
     assert int(broker[-1]["env_steps"]) > 0
     stop_process(proc)
+
+
+def _procfile_node_pids(app: Path, node: str, replica: int) -> tuple[list[int], list[int]]:
+    """(watchdogs, node processes) that honcho started in ``app`` for one Procfile line."""
+    watchdogs, nodes = [], []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd != str(app) or f" node topologies/seed.yaml {node} --replica {replica} " \
+                not in cmdline or cmdline.startswith("/bin/sh"):
+            continue
+        (watchdogs if "--restart-in-process" in cmdline else nodes).append(int(entry.name))
+    return watchdogs, nodes
+
+
+@pytest.mark.skipif(not Path(sys.executable).with_name("honcho").exists(),
+                    reason="honcho is not installed (pip install -e '.[dev]')")
+def test_honcho_run_survives_a_node_killed_with_sigkill(processes, tmp_path):
+    """A segfaulting simulator or the OOM killer, as a new user would try it: `kill -9`
+    of the actor_0 node process. Its watchdog restarts it; honcho stops nothing."""
+    app = tmp_path / "app"
+    (app / "topologies").mkdir(parents=True)
+    (app / "topologies" / "seed.yaml").write_text((REPO / "topologies" / "seed.yaml").read_text())
+    (app / "Procfile").write_text((REPO / "Procfile").read_text())
+    bin_dir = str(Path(sys.executable).parent)
+    honcho_log = tmp_path / "honcho.log"
+    honcho = processes.start([str(Path(bin_dir) / "honcho"), "start"], cwd=app, log=honcho_log,
+                             env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    run_dir = app / "runs" / "seed-cartpole"
+    wait_for(lambda: any(int(r["updates"]) > 0 for r in learner_rows(run_dir)), 90,
+             "experience to reach the learner under honcho")
+    _, actor = wait_for(lambda: _procfile_node_pids(app, "actor", 0)[1] and
+                        _procfile_node_pids(app, "actor", 0), 10, "actor_0's node process")
+    others = {n: _procfile_node_pids(app, n, r)[1] for n, r in
+              (("learner", 0), ("broker", 0), ("actor", 1))}
+    assert all(len(pids) == 1 for pids in others.values()), others
+    os.kill(actor[0], signal.SIGKILL)
+    wait_for(lambda: honcho_log.read_text().count("INFO actor.0: up (incarnation") == 2, 30,
+             "actor_0's watchdog to restart it")
+    assert "node exited with -9; restart 1/" in honcho_log.read_text()
+    updates = int(learner_rows(run_dir)[-1]["updates"])
+    wait_for(lambda: int(learner_rows(run_dir)[-1]["updates"]) > updates + 3, 60,
+             "the learner to keep training")
+    assert honcho.poll() is None, honcho_log.read_text()[-3000:]
+    for node, pids in others.items():  # nobody else was stopped or restarted
+        assert Path(f"/proc/{pids[0]}").exists(), node
+    assert "sending SIGTERM" not in honcho_log.read_text()
+    stop_process(honcho)

@@ -298,7 +298,7 @@ class Node:
         self._subscribed: set[str] = set()  # XPUB ports with a new subscriber this turn
         # Exit when whoever started us is gone (the supervisor or the node watchdog set
         # ZMQRL_PARENT_PID): see zmqrl.lifetime.
-        parent = os.environ.get(PARENT_PID_ENV)
+        parent = os.environ.pop(PARENT_PID_ENV, None)  # not for processes we start
         self._parent = lifetime.ParentWatch(int(parent)) if parent else None
 
     @classmethod

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zmqrl import wire
+from zmqrl import messages, wire
 from zmqrl.metrics import CsvLog
 from zmqrl.topology import Topology
 
 MAX_ROW_FIELDS = 1000
 MAX_EPISODES_PER_REPORT = 100_000
 _SCALARS = (int, float, str, bool, type(None))
+_NO_ENV = messages.Context()  # supervisor messages carry no arrays
 
 
 @dataclass
@@ -134,22 +135,20 @@ class RunMetrics:
     def handle(self, identity: bytes, msg: wire.Message) -> str:
         """Take one report from the peer ``identity``; returns its label. Raises
         ``wire.ProtocolError`` for anything not to be believed."""
+        if msg.type not in (wire.HELLO, wire.HEARTBEAT, wire.METRICS):
+            raise wire.ProtocolError(f"the supervisor takes no '{msg.type:.40}'")
         label = _field(msg, "label", str)
+        messages.check(msg, messages.spec(msg.type), _NO_ENV)  # the declared fields
         peer = self.peers.get(label)
         if peer is None:
             raise wire.ProtocolError(f"'{label:.60}' is not a node this supervisor started")
         if msg.type == wire.HELLO:
-            pid = _field(msg, "pid", int)
-            for name in ("kind", "node", "incarnation"):
-                _field(msg, name, str)
-            _field(msg, "replica", int)
+            pid = msg.fields["pid"]
             if peer.pid is None or not _descends_from(pid, peer.pid):
                 raise wire.ProtocolError(f"hello as '{label}' from pid {pid}, which the "
                                          "supervisor did not start for it")
             peer.identity = identity
             return label
-        if msg.type not in (wire.HEARTBEAT, wire.METRICS):
-            raise wire.ProtocolError(f"the supervisor takes no '{msg.type:.40}'")
         if peer.identity != identity:
             raise wire.ProtocolError(f"'{msg.type}' as '{label}' from a peer that did not "
                                      "say hello as it")

@@ -1,0 +1,108 @@
+"""The supervisor believes no peer blindly: malformed hello/heartbeat/metrics reports are
+rejected with a log line (the run goes on), and a report for a node's label counts only
+from the process the supervisor started for it, so nobody can spoof an actor's steps or
+returns into --max-steps or --target-return."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import msgpack
+import zmq
+
+from zmqrl import wire
+from zmqrl.endpoints import supervisor_address
+
+from conftest import read_csv, stop_process, wait_for, write_topology
+
+SMALL = {"nodes": {"actor": {"replicas": 2, "args": {"envs": 4}}}}
+
+
+def raw(msg_type: str, **fields) -> list[bytes]:
+    """A header as a hostile peer would pack it (anything goes in the fields)."""
+    return [msgpack.packb({"v": 1, "t": msg_type, **fields, "arrays": []}, use_bin_type=True)]
+
+
+def test_bad_and_spoofed_reports_neither_crash_nor_stop_the_run(processes, tmp_path):
+    topo = write_topology(tmp_path, **SMALL)
+    run_dir, log = tmp_path / "run", tmp_path / "up.log"
+    proc = processes.zmqrl("up", str(topo), "--run-dir", str(run_dir), "--max-steps",
+                           str(10**9), "--target-return", "400", log=log)
+    wait_for(lambda: read_csv(run_dir / "metrics" / "learner.csv"), 60, "the learner's metrics")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(supervisor_address(run_dir))
+    try:
+        bad = [
+            raw(wire.HELLO, label=7),
+            raw(wire.METRICS, label="actor.0", row={}, episodes=["x"]),
+            raw(wire.METRICS, label="actor.0", row={"env_steps": "many"}, episodes=[]),
+            raw(wire.METRICS, label="actor.0", row=[1, 2], episodes=[]),
+            raw(wire.METRICS, label={"a": 1}, row={}, episodes=[]),
+            raw(wire.HEARTBEAT),
+            # spoofing: a hello as actor.0 from a process the supervisor did not start,
+            # then that actor's steps and returns enough to stop the run twice over
+            raw(wire.HELLO, label="actor.0", kind="actor", node="actor", replica=0,
+                incarnation="spoof", pid=os.getpid()),
+            raw(wire.METRICS, label="actor.0", row={"env_steps": 10**12},
+                episodes=[1000.0] * 200),
+            raw(wire.METRICS, label="nobody", row={"env_steps": 10**12}, episodes=[]),
+        ]
+        for frames in bad:
+            sock.send_multipart(frames)
+        wait_for(lambda: log.read_text().count("supervisor: rejected report") >= len(bad), 20,
+                 "every report to be rejected")
+    finally:
+        sock.close()
+    # The run went on and still counts the real actors.
+    steps = int(read_csv(run_dir / "metrics" / "run.csv")[-1]["env_steps"])
+    wait_for(lambda: int(read_csv(run_dir / "metrics" / "run.csv")[-1]["env_steps"]) > steps,
+             30, "the run's env steps to grow")
+    assert proc.poll() is None, log.read_text()[-3000:]
+    rows = read_csv(run_dir / "metrics" / "run.csv")
+    assert int(rows[-1]["env_steps"]) < 10**9
+    assert all(r["return_mean_100"] in ("nan", "") or float(r["return_mean_100"]) < 1000
+               for r in rows)
+    assert "reached" not in log.read_text()
+    stop_process(proc)
+
+
+def test_steps_of_actors_the_supervisor_did_not_start_count(processes, tmp_path):
+    """A foreign actor (started by hand against the run's broker) drives --max-steps: the
+    broker counts every connection it serves."""
+    topo = write_topology(tmp_path, nodes={"actor": {"replicas": 1, "args": {"envs": 4}}})
+    foreign_topo = write_topology(tmp_path, nodes={"actor": {"replicas": 2,
+                                                             "args": {"envs": 4}}})
+    run_dir, log = tmp_path / "run", tmp_path / "up.log"
+    proc = processes.zmqrl("up", str(topo), "--run-dir", str(run_dir), "--max-steps", "6000",
+                           log=log)
+    actor_log = run_dir / "logs" / "actor.log"
+    wait_for(lambda: actor_log.exists() and "up (incarnation" in actor_log.read_text(), 60,
+             "our actor to be up")
+    ours = _pid_of(run_dir, "actor")
+    os.kill(ours, signal.SIGSTOP)  # from now on only the foreign actor steps
+    try:
+        processes.zmqrl("node", str(foreign_topo), "actor", "--replica", "1", "--run-dir",
+                        str(run_dir), log=tmp_path / "foreign.log")
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        try:
+            os.kill(ours, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert "--max-steps 6000 reached" in log.read_text()
+
+
+def _pid_of(run_dir: Path, node: str) -> int:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(run_dir) in cmdline and f" {node} --replica 0 " in cmdline:
+            return int(entry.name)
+    raise LookupError(node)
