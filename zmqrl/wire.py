@@ -74,10 +74,12 @@ GRADS = "grads"  # worker/learner -> parameter server: one array per parameter; 
 GET_PARAMS = "get_params"  # anyone -> parameter server: reply ``params``
 CREDIT = "credit"  # consumer -> producer of experience: ``n`` more messages may be sent
 ERROR = "error"  # reply to a rejected message: ``error`` field says why
+DESCRIBE = "describe"  # anyone -> any bound ROUTER port; reply ``description``
+DESCRIPTION = "description"  # protocol version, message types taken, env and spaces
 
 MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS,
                            INSERT, SAMPLE, BATCH, PRIORITIES, GRADS, GET_PARAMS, CREDIT,
-                           ERROR})
+                           ERROR, DESCRIBE, DESCRIPTION})
 
 _ALLOWED_DTYPES = frozenset(
     f"{k}{n}" for k, sizes in (("int", (8, 16, 32, 64)), ("uint", (8, 16, 32, 64)),
