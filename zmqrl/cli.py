@@ -1,4 +1,4 @@
-"""The ``zmqrl`` command line: up, node, procfile, validate, keys, bench."""
+"""The ``zmqrl`` command line: up, node, procfile, endpoints, validate, keys, bench."""
 
 from __future__ import annotations
 
@@ -147,6 +147,28 @@ def procfile(topology: str, run_dir: str | None, sets: tuple[str, ...]) -> None:
     topo = _load(topology, sets)
     directory = run_dir or str(launch.default_run_dir(topo, timestamped=False))
     click.echo(launch.procfile(topo, topology, directory), nl=False)
+
+
+@main.command()
+@click.argument("topology", type=click.Path(dir_okay=False))
+@click.option("--run-dir", default=None, help="Default: runs/<name> (ipc addresses live there).")
+@_set_option
+def endpoints(topology: str, run_dir: str | None, sets: tuple[str, ...]) -> None:
+    """Print the address of every bound port of TOPOLOGY (what to connect a client to;
+    send it `describe` to learn what it takes)."""
+    from zmqrl.endpoints import Endpoints, supervisor_address
+    from zmqrl.labels import label
+    from zmqrl.topology import ports_of
+
+    topo = _load(topology, sets)
+    directory = Path(run_dir) if run_dir else launch.default_run_dir(topo, timestamped=False)
+    table = Endpoints(topo, directory)
+    for name, spec in topo.nodes.items():
+        for port in sorted(ports_of(spec)):
+            for replica in range(spec.replicas):
+                click.echo(f"{label(name, replica, spec.replicas)}.{port}\t"
+                           f"{table.bind_address(name, port, replica)}")
+    click.echo(f"supervisor\t{supervisor_address(directory)}")
 
 
 @main.command()

@@ -55,6 +55,16 @@ MAX_POLL_MS = 100
 # process is gone, checked this often (and signalled by the kernel, see lifetime.py).
 PARENT_PID_ENV = "ZMQRL_PARENT_PID"
 PARENT_CHECK_S = 0.5
+# What the built-in nodes' ports take (docs/protocol.md §1), until each node class
+# declares its own ``accepts``.
+DEFAULT_ACCEPTS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("inference_broker", "policy"): (wire.STEP,),
+    ("learner", "experience"): (wire.UNROLL,),
+    ("replay", "experience"): (wire.INSERT,),
+    ("replay", "sample"): (wire.SAMPLE, wire.PRIORITIES),
+    ("param_server", "grads"): (wire.GRADS, wire.GET_PARAMS),
+    ("sink", "experience"): (wire.UNROLL,),
+}
 
 
 @dataclass(frozen=True)
@@ -246,8 +256,8 @@ class Node:
     # loop turn, when anyone subscribed. (A node that does not override on_subscribe
     # reads the frames itself; the runtime then leaves the socket alone.)
     xpub_ports: ClassVar[frozenset[str]] = frozenset()
-    # Message types each bound port takes, for ``describe``; default: all but ``ping``
-    # unknown (the port is listed with an empty tuple).
+    # Message types each bound ROUTER port takes (besides ping and describe), for
+    # ``describe``; a port not listed here falls back to DEFAULT_ACCEPTS.
     accepts: ClassVar[dict[str, tuple[str, ...]]] = {}
     links: ClassVar[dict[str, Link]] = {}
     Args: ClassVar[type] = NoArgs
@@ -296,6 +306,7 @@ class Node:
         self._outboxes: dict[str, Outbox] = {}  # link socket -> its Outbox
         self._xpub: dict[zmq.Socket, str] = {}  # XPUB sockets the runtime reads -> port
         self._subscribed: set[str] = set()  # XPUB ports with a new subscriber this turn
+        self._env_fields: dict[str, Any] | None = None  # for describe, made when asked
         # Exit when whoever started us is gone (the supervisor or the node watchdog set
         # ZMQRL_PARENT_PID): see zmqrl.lifetime.
         parent = os.environ.pop(PARENT_PID_ENV, None)  # not for processes we start
@@ -578,6 +589,9 @@ class Node:
                 msg = wire.decode(body, self.max_message_bytes)
                 if msg.type == wire.PING and envelope:
                     self._pong(name, envelope, msg)
+                elif msg.type == wire.DESCRIBE and envelope:
+                    self.send(name, wire.encode(wire.DESCRIPTION, **self.description(name)),
+                              envelope)
                 elif not envelope and name in self._outboxes and \
                         msg.type in (wire.CREDIT, wire.ERROR, wire.PONG):
                     self._outboxes[name].on_reply(msg)
@@ -601,6 +615,39 @@ class Node:
         if type(seq) is int:
             fields["seq"] = seq  # echoed: the pinger can tell which ping this answers
         self.send(name, wire.encode(wire.PONG, **fields), envelope)
+
+    def description(self, port: str) -> dict[str, Any]:
+        """What ``describe`` on ``port`` answers: enough for a client in any language
+        to know what to send (protocol version, message types, env and its spaces)."""
+        takes = self.accepts.get(port) or DEFAULT_ACCEPTS.get((self.ctx.spec.kind or "", port),
+                                                              ())
+        out: dict[str, Any] = {
+            "protocol": wire.PROTOCOL_VERSION, "node": self.ctx.label,
+            "kind": self.ctx.spec.kind or self.ctx.spec.impl, "port": port,
+            "accepts": [*takes, wire.PING, wire.DESCRIBE], "env": self.ctx.topo.env.get("id"),
+        }
+        out.update(self._env_description())
+        return out
+
+    def _env_description(self) -> dict[str, Any]:
+        if self._env_fields is None:
+            from zmqrl.envs import env_spec  # gymnasium: only when someone asks
+
+            try:
+                spec = env_spec(self.ctx.topo.env)
+            except Exception as exc:  # noqa: BLE001  (an env that cannot be made here)
+                self.log.warning("describe: cannot make env %s: %s",
+                                 self.ctx.topo.env.get("id"), exc)
+                self._env_fields = {}
+                return self._env_fields
+            action: dict[str, Any] = {"kind": "discrete", "n": spec.num_actions} \
+                if spec.num_actions is not None else {
+                    "kind": "box", "shape": list(spec.action_shape),
+                    "low": spec.action_low.tolist(), "high": spec.action_high.tolist()}
+            self._env_fields = {"obs_shape": list(spec.obs_shape),
+                                "obs_dtype": spec.obs_dtype.name,
+                                "action_dtype": spec.action_dtype.name, "action_space": action}
+        return self._env_fields
 
     def _peer_heard(self, name: str) -> None:
         now = time.monotonic()
