@@ -1,32 +1,31 @@
 """Learner: trains the model on experience and hands the parameters on.
 
-The algorithm is the topology's ``algo.kind`` (``zmqrl.algos.ALGOS``), and it decides
-where the data comes from:
+A learner is a data source x an updater x the algorithm (``zmqrl.learning``), picked
+from the configuration, not from branches here:
 
-* unroll algorithms (vtrace, a2c): unrolls arrive on the ``experience`` port, from an
-  inference broker (SEED, A2C) or from local-policy actors (IMPALA). Each loop turn
-  stacks ``batch_size`` env columns into a batch and updates; at most one batch waits
-  here, the rest waits in the producers' outboxes (backpressure, nothing dropped).
-* replay algorithms (dqn; r2d2 with sequences and their stored recurrent state): the
-  learner asks the ``replay`` link for batches (keeping ``prefetch`` requests in flight
-  so the replay works while we train) and sends the new priorities back.
+* the source, by the algorithm's family (``family_of``): unroll algorithms (vtrace,
+  a2c, ppo) take unrolls on the ``experience`` port (``UnrollInbox``: from an inference
+  broker, or from local-policy actors as in IMPALA); replay and sequence algorithms
+  (dqn, r2d2) ask the ``replay`` link for batches and send priorities back
+  (``ReplayClient``);
+* the updater, by the links and replicas: a ``param_server`` link (Gorila) pushes
+  gradients there and trains on from the parameters that come back
+  (``GradientPush``); ``replicas > 1`` without one are data-parallel replicas that
+  average gradients over gloo (``AllReduce``: each trains on ``batch_size / replicas``
+  columns, all hold identical parameters); else the optimizer steps here
+  (``LocalStep``).
 
-Data-parallel (PPO, OpenAI Five style): a learner node with ``replicas > 1`` forms a
-gloo process group (``zmqrl.distributed``). Producers spread unrolls over the replicas
-(a DEALER round-robins), each replica trains on ``batch_size / replicas`` columns and
-the gradients are averaged every step, so all replicas hold identical parameters.
+This node is the shell around them: its sockets, publishing, checkpoints, metrics.
 
 The updated parameters go out on the ``params`` port (PUB) every ``publish_every``
 updates, and to every new subscriber as soon as it subscribes (the port is bound as an
-XPUB, so a broker or actor that joins late need not wait for the next update). With a
-``param_server`` link (Gorila) the learner does not step its own optimizer: it sends its
-gradients there and continues from the parameters it gets back.
+XPUB, so a broker or actor that joins late need not wait for the next update).
 
 Checkpoint and resume: ``checkpoints/<label>.pt`` in the run directory holds the model,
 the algorithm's state (optimizer, target network, its counters: ``algo.state_dict()``),
 the update and env-step counters, the episode statistics and the RNG states. It is
 written every ``checkpoint_every`` updates and at exit, crash-safely
-(``zmqrl.checkpoint.atomic_write``). A learner that finds its checkpoint when it starts
+(``zmqrl.checkpoint.Checkpointer``). A learner that finds its checkpoint when it starts
 (a restart after a crash, or ``zmqrl up --resume``) restores it and publishes the
 restored parameters with the restored update count as their version.
 """
@@ -34,10 +33,7 @@ restored parameters with the restored update count as their version.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,18 +42,16 @@ import torch
 import zmq
 
 from zmqrl import distributed, wire
-from zmqrl.algos import REPLAY_ALGOS, SEQUENCE_ALGOS, UNROLL_ALGOS, make_algo
-from zmqrl.checkpoint import atomic_write, checkpoint_dir
+from zmqrl.algos import REPLAY_ALGOS, SEQUENCE_ALGOS, make_algo
+from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
-from zmqrl.metrics import EpisodeStats
-from zmqrl.models import build_model, load_state_arrays, pick_device, state_arrays
+from zmqrl.learning.checks import ExperienceSpec
+from zmqrl.learning.sources import ReplayClient, Source, UnrollInbox
+from zmqrl.learning.updaters import AllReduce, GradientPush, LocalStep, Updater
+from zmqrl.models import build_model, pick_device, state_arrays
 from zmqrl.node import Link, Node
 from zmqrl.topology import NodeSpec, Topology
 
-_UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
-_STATE_KEYS = ("state_h", "state_c")  # unrolls of a recurrent policy (lstm_ac)
-_TRANSITION_KEYS = ("obs", "action", "reward", "discount", "next_obs")
-_SEQUENCE_KEYS = ("obs", "action", "reward", "done", "state_h", "state_c")
 # Algorithms whose learner can average gradients over data-parallel replicas.
 _DATA_PARALLEL_ALGOS = frozenset({"ppo"})
 # Data-parallel replicas report a digest of their parameters every this many updates
@@ -67,6 +61,13 @@ _DIGEST_EVERY = 2
 _CHECKPOINT_FORMAT = 1
 # An XPUB hands us b"\x01<topic>" for each new subscription (b"\x00..." when one goes).
 _SUBSCRIBE = 1
+
+
+def family_of(kind: str) -> str:
+    """What algorithm ``kind`` learns from: "unroll", "replay" or "sequence"."""
+    if kind in SEQUENCE_ALGOS:
+        return "sequence"
+    return "replay" if kind in REPLAY_ALGOS else "unroll"
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -93,22 +94,22 @@ class Learner(Node):
         # updates between checkpoints (0: only at exit); a crash loses at most this many
         checkpoint_every: int = 200
         prefetch: int = 2  # replay sample requests kept in flight
-        request_timeout_s: float = 10.0  # replay / parameter server silent this long: resend
-        # Gorila: gradients in flight to the parameter server. 1 waits for fresh parameters
-        # after each push; 2 computes the next gradient meanwhile, one update stale, as
-        # Gorila's asynchronous learners do.
+        # Gorila: gradients in flight to the parameter server. 1 waits for fresh
+        # parameters after each push; k computes on parameters up to k - 1 of our own
+        # pushes (and whatever the other learners pushed meanwhile) stale.
         max_pending_grads: int = 1
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         kind = topo.algo.get("kind", "vtrace")
+        family = family_of(kind)
         where = ("nodes", spec.name, "links")
-        if kind in REPLAY_ALGOS and "replay" not in spec.links:
+        if family != "unroll" and "replay" not in spec.links:
             return [(where, f"algo '{kind}' learns from a replay: add a 'replay' link")]
-        if kind in UNROLL_ALGOS and "replay" in spec.links:
+        if family == "unroll" and "replay" in spec.links:
             return [(where, f"algo '{kind}' learns from unrolls on the 'experience' port; "
                             "remove the 'replay' link")]
-        if kind not in REPLAY_ALGOS and "param_server" in spec.links:
+        if family == "unroll" and "param_server" in spec.links:
             return [(where, f"a 'param_server' link needs a replay algorithm, not '{kind}'")]
         data_parallel = spec.replicas > 1 and "param_server" not in spec.links
         if data_parallel and kind not in _DATA_PARALLEL_ALGOS:
@@ -119,177 +120,89 @@ class Learner(Node):
         if data_parallel and isinstance(batch, int) and batch % spec.replicas:
             return [(("algo", "batch_size"), f"{batch} does not split evenly over "
                                              f"{spec.replicas} learner replicas")]
+        if spec.args.get("max_pending_grads", 1) < 1:
+            return [(("nodes", spec.name, "args", "max_pending_grads"), "must be >= 1")]
         return []
 
     def setup(self) -> None:
         torch.set_num_threads(1)
         topo = self.ctx.topo
         self.kind = topo.algo.get("kind", "vtrace")
-        self.spec = env_spec(topo.env)
+        self.family = family_of(self.kind)
         self.device = pick_device(self.args.device)
-        self.model = build_model(topo.model, self.spec, topo.seed).to(self.device)
-        # Replicas with a parameter server (Gorila) are independent learners; without
-        # one they are data-parallel and form a process group.
-        self.world = 1 if "param_server" in self.ctx.spec.links else self.ctx.spec.replicas
-        extra = {}
-        if self.world > 1:
-            distributed.init_group(
-                distributed.rendezvous_address(topo, self.ctx.spec, self.ctx.run_dir),
-                self.ctx.replica, self.world)
-            extra["allreduce"] = distributed.mean_allreduce(self.world)
-        self.algo = make_algo(topo.algo, self.model, **extra)
+        self.model = build_model(topo.model, env_spec(topo.env), topo.seed).to(self.device)
+        self.updater = self._make_updater()
+        self.algo = make_algo(topo.algo, self.model, **self.updater.algo_options)
+        self.updater.bind(self.algo, self._after_update)
         self.cfg = self.algo.cfg
-        self.local_batch = self.cfg.batch_size // self.world  # columns this replica trains on
-        self.digest: tuple[int, str] | None = None
-        self.batch_keys = _SEQUENCE_KEYS if self.kind in SEQUENCE_ALGOS else _TRANSITION_KEYS
-        recurrent_policy = getattr(self.model, "recurrent", False) and self.kind in UNROLL_ALGOS
-        self.state_size = self.model.state_size if recurrent_policy else 0
-        self.unroll_keys = _UNROLL_KEYS + (_STATE_KEYS if self.state_size else ())
+        self.source = self._make_source()
         self.updates = 0
-        self.env_steps = 0
-        self.episodes = EpisodeStats(window=100)
         self.last_terms: dict[str, float] = {}
-        self.lags: list[int] = []
-        self._rate_mark = (time.monotonic(), 0)
-        self.checkpoint_path = checkpoint_dir(self.ctx.run_dir) / f"{self.ctx.label}.pt"
-        # unroll path
-        self.queue: list[wire.Message] = []
-        self.queued_columns = 0
-        # replay path
-        self.batches: deque[wire.Message] = deque()
-        self.in_flight = 0
-        self.pending_grads = 0  # gradients sent to the parameter server, not yet answered
-        self.last_reply = time.monotonic()
-        if self.checkpoint_path.exists():
-            self._restore()
-        if "replay" in self.sockets:
-            for _ in range(self.args.prefetch):
-                self._request_sample()
+        self.digest: tuple[int, str] | None = None
+        self.checkpointer = Checkpointer(
+            node_checkpoint(self.ctx.run_dir, self.ctx.label, TORCH.suffix), self,
+            every=self.args.checkpoint_every, format=TORCH, log=self.log)
+        if self.checkpointer.restore_if_present():
+            self.log.info("resumed from %s at update %d", self.checkpointer.path, self.updates)
         self._publish()  # the restored parameters, if any, with their version
         self.log.info("%s on %s, batch %d", self.kind, self.device, self.cfg.batch_size)
 
-    # ----- unroll path ----------------------------------------------------------------
+    def _make_updater(self) -> Updater:
+        spec = self.ctx.spec
+        if "param_server" in spec.links:  # Gorila: replicas are independent learners
+            return GradientPush(self, self.args.max_pending_grads)
+        if spec.replicas > 1:
+            return AllReduce(distributed.rendezvous_address(self.ctx.topo, spec,
+                                                            self.ctx.run_dir),
+                             self.ctx.replica, spec.replicas)
+        return LocalStep()
+
+    @property
+    def world(self) -> int:
+        """Replicas that split each batch (data-parallel), else 1."""
+        return self.ctx.spec.replicas if isinstance(self.updater, AllReduce) else 1
+
+    def _make_source(self) -> Source:
+        env = env_spec(self.ctx.topo.env)
+        recurrent = getattr(self.model, "recurrent", False)
+        state_size = self.model.state_size if recurrent else 0
+        if self.family == "unroll":
+            spec = ExperienceSpec(env, unroll=self.cfg.unroll, state_size=state_size)
+            return UnrollInbox(self, spec, self.cfg.batch_size // self.world, self.device)
+        return ReplayClient(self, ExperienceSpec(env, state_size=state_size),
+                            self.cfg.batch_size, self.args.prefetch, self.device,
+                            sequences=self.family == "sequence")
+
+    # ----- messages -------------------------------------------------------------------
     def on_experience(self, envelope: list, msg: wire.Message) -> None:
-        if self.kind not in UNROLL_ALGOS:
+        if not isinstance(self.source, UnrollInbox):
             raise wire.ProtocolError(f"this learner ({self.kind}) takes no unrolls")
-        if msg.type != wire.UNROLL:
-            raise wire.ProtocolError(f"experience port takes '{wire.UNROLL}', not '{msg.type}'")
-        self._check_unroll(msg)
-        n = msg["action"].shape[1]
-        self.env_steps += msg["action"].shape[0] * n
-        if "ep_return" in msg.arrays:
-            self.episodes.add(msg["ep_return"], msg["ep_length"])
-        self.queue.append(msg)
-        self.queued_columns += n
-        # Credit on receipt (not when trained on): a producer may then have its credit's
-        # worth in flight while we train, and a batch that needs more messages than one
-        # producer's credit can still fill.
-        self.grant_credit("experience", envelope)
+        self.source.on_message(envelope, msg)
 
-    def _check_unroll(self, msg: wire.Message) -> None:
-        missing = [k for k in self.unroll_keys if k not in msg.arrays]
-        if missing:
-            raise wire.ProtocolError(f"unroll lacks {', '.join(missing)}")
-        T = self.cfg.unroll
-        n = msg["action"].shape[1] if msg["action"].ndim >= 2 else -1
-        want = {
-            "obs": (T + 1, n, *self.spec.obs_shape),
-            "action": (T, n, *self.spec.action_shape),
-            "logp": (T, n), "reward": (T, n), "done": (T, n),
-        }
-        if self.state_size:  # a recurrent policy's unrolls carry the state they began with
-            want["state_h"] = want["state_c"] = (1, n, self.state_size)
-        for key, shape in want.items():
-            if n < 1 or msg[key].shape != shape:
-                raise wire.ProtocolError(
-                    f"unroll '{key}' has shape {list(msg[key].shape)}, expected {list(shape)}"
-                )
-        if ("ep_return" in msg.arrays) != ("ep_length" in msg.arrays):
-            raise wire.ProtocolError("'ep_return' and 'ep_length' must come together")
-        floats = ("obs", "logp", "reward") + (_STATE_KEYS if self.state_size else ())
-        check_values(msg, floats, self.spec)
-
-    def _train_unrolls(self) -> None:
-        while self.queued_columns >= self.local_batch:
-            taken, columns = [], 0
-            while columns < self.local_batch:
-                taken.append(self.queue.pop(0))
-                columns += taken[-1]["action"].shape[1]
-            self.queued_columns -= columns
-            batch = {k: torch.from_numpy(np.concatenate([m[k] for m in taken], axis=1))
-                     .to(self.device) for k in self.unroll_keys}
-            self.lags.extend(self.updates - int(m.fields.get("version", 0)) for m in taken)
-            self.last_terms = self.algo.update(batch)
-            self._after_update()
-
-    # ----- replay path ----------------------------------------------------------------
-    def _request_sample(self) -> None:
-        self.send("replay", wire.encode(wire.SAMPLE, batch_size=self.cfg.batch_size))
-        self.in_flight += 1
-
-    def on_replay(self, _envelope: list, msg: wire.Message) -> None:
-        self.expect_reply(msg, wire.BATCH, "the replay")
-        missing = [k for k in (*self.batch_keys, "key", "weight") if k not in msg.arrays]
-        if missing:
-            raise wire.ProtocolError(f"batch lacks {', '.join(missing)}")
-        self.in_flight = max(0, self.in_flight - 1)
-        self.last_reply = time.monotonic()
-        self.batches.append(msg)
-
-    def on_peer_silent(self, name: str) -> None:
-        if name in ("replay", "param_server"):  # dead or restarted: our requests are lost
-            self._reconnect_servers()
-
-    def _reconnect_servers(self) -> None:
-        """A restarted replay or parameter server lost our requests: reconnect (a new
-        identity, so late replies to the old ones cannot arrive) and ask again."""
-        for name in ("replay", "param_server"):
-            if name in self.sockets:
-                self.reopen(name)
-        self.in_flight, self.pending_grads = 0, 0
-        self.last_reply = time.monotonic()
-
-    def _train_replay(self) -> None:
-        if (self.in_flight or self.pending_grads) and \
-                time.monotonic() - self.last_reply > self.args.request_timeout_s:
-            self.log.warning("no reply in %.0fs; reconnecting", self.args.request_timeout_s)
-            self._reconnect_servers()
-        while self.batches and self.pending_grads < self.args.max_pending_grads:
-            msg = self.batches.popleft()
-            batch = {k: torch.from_numpy(np.array(msg[k])).to(self.device)
-                     for k in self.batch_keys}
-            batch["weights"] = torch.from_numpy(np.array(msg["weight"])).to(self.device)
-            if "param_server" in self.sockets:
-                grads, terms, priorities = self.algo.gradients(batch)
-                names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-                self.send("param_server", wire.encode(
-                    wire.GRADS, {n: g.cpu().numpy() for n, g in zip(names, grads, strict=True)},
-                    version=self.updates))
-                self.pending_grads += 1
-            else:
-                terms, priorities = self.algo.update(batch)
-                self._after_update()
-            self.last_terms = terms
-            self.send("replay", wire.encode(wire.PRIORITIES, {
-                "key": msg["key"], "priority": priorities.numpy().astype(np.float32)}))
-        while self.in_flight < self.args.prefetch:
-            self._request_sample()
+    def on_replay(self, envelope: list, msg: wire.Message) -> None:
+        self.source.on_message(envelope, msg)
 
     def on_param_server(self, _envelope: list, msg: wire.Message) -> None:
-        self.expect_reply(msg, wire.PARAMS, "the parameter server")
-        load_state_arrays(self.model, msg.arrays)
-        self.pending_grads = 0  # gradients sent to the parameter server, not yet answered
-        self.last_reply = time.monotonic()
-        self.algo.after_update()  # our step counter and target network follow the server's
-        self.updates += 1
+        self.updater.on_reply(msg)
 
-    # ----- both -----------------------------------------------------------------------
+    def on_peer_silent(self, name: str) -> None:
+        # Nothing from it, pongs included, for peer_timeout_s: dead or cut off, and our
+        # requests with it. (A replay that only holds samples back still answers pings.)
+        if name == "replay":
+            self.source.lost()
+        elif name == "param_server":
+            self.updater.lost()
+
+    # ----- training -------------------------------------------------------------------
     def after_poll(self) -> None:
         self._answer_new_subscribers()  # before training: they get the version we have now
-        if self.kind in UNROLL_ALGOS:
-            self._train_unrolls()
-        else:
-            self._train_replay()
+        self.source.poll()
+        while self.updater.ready():
+            batch = self.source.next_batch(self.updates)
+            if batch is None:
+                break
+            self.last_terms, priorities = self.updater.step(batch.tensors)
+            self.source.done(batch, priorities)
 
     def _after_update(self) -> None:
         self.updates += 1
@@ -297,8 +210,7 @@ class Learner(Node):
             self.digest = (self.updates, params_digest(self.model))
         if self.updates % self.args.publish_every == 0:
             self._publish()
-        if self.args.checkpoint_every and self.updates % self.args.checkpoint_every == 0:
-            self.save_checkpoint()
+        self.checkpointer.maybe_save(self.updates)
 
     def _publish(self) -> None:
         self.send("params", wire.encode(wire.PARAMS, state_arrays(self.model),
@@ -320,73 +232,49 @@ class Learner(Node):
         if joined:
             self._publish()
 
+    # ----- persistence (zmqrl.checkpoint.Saveable) ------------------------------------
     def save_checkpoint(self) -> None:
-        """Everything :meth:`_restore` needs, written crash-safely (temp file, fsync,
-        rename): a kill at any moment leaves the previous checkpoint or this one."""
-        state = {
+        self.checkpointer.save(self.updates)
+
+    def state(self) -> dict[str, Any]:
+        """Everything :meth:`restore` needs (the file format of checkpoint format 1)."""
+        source = self.source.state()
+        return {
             "format": _CHECKPOINT_FORMAT,
             "model": self.model.state_dict(),
             "algo": self.algo.state_dict(),
             "updates": self.updates,
-            "env_steps": self.env_steps,
-            "episodes": {"returns": list(self.episodes.returns),
-                         "lengths": list(self.episodes.lengths),
-                         "count": self.episodes.count},
+            "env_steps": source["env_steps"],
+            "episodes": source["episodes"],
             "rng": _rng_state(),
         }
-        atomic_write(self.checkpoint_path, lambda f: torch.save(state, f))
 
-    def _restore(self) -> None:
-        path = self.checkpoint_path
-        # Plain tensors and containers only (weights_only): loading runs no pickled code.
-        # On the CPU first: RNG states must stay there; load_state_dict moves the rest.
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    def restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         if "algo" in state:
             self.algo.load_state_dict(state["algo"])
         else:  # a checkpoint from before algorithms had state_dict
             self.algo.optimizer.load_state_dict(state["optimizer"])
-            self.log.warning("%s has no algorithm state; target network and counters "
-                             "start afresh", path)
+            self.log.warning("checkpoint has no algorithm state; target network and "
+                             "counters start afresh")
         self.updates = int(state["updates"])
-        self.env_steps = int(state["env_steps"])
-        episodes = state.get("episodes")
-        if episodes:
-            self.episodes.returns.extend(episodes["returns"])
-            self.episodes.lengths.extend(episodes["lengths"])
-            self.episodes.count = int(episodes["count"])
+        self.source.restore({"env_steps": state["env_steps"],
+                             "episodes": state.get("episodes")})
         if "rng" in state:
             _set_rng_state(state["rng"])
-        self._rate_mark = (time.monotonic(), self.env_steps)
-        self.log.info("resumed from %s at update %d", path, self.updates)
 
     def metrics(self) -> dict[str, Any]:
-        now = time.monotonic()
-        t0, steps0 = self._rate_mark
-        self._rate_mark = (now, self.env_steps)
         row: dict[str, Any] = {"updates": self.updates}
-        if self.kind in UNROLL_ALGOS:
-            row.update({
-                "env_steps": self.env_steps,
-                "steps_per_s": round((self.env_steps - steps0) / max(now - t0, 1e-9), 1),
-                "episodes": self.episodes.count,
-                "return_mean_20": round(self.episodes.mean_return(20), 2),
-                "return_mean_100": round(self.episodes.mean_return(), 2),
-                "length_mean_100": round(self.episodes.mean_length(), 1),
-                "policy_lag": round(float(np.mean(self.lags)), 2) if self.lags else math.nan,
-                "queue": len(self.queue),
-            })
-        else:
-            row["batches_waiting"] = len(self.batches)
+        row.update(self.source.metrics())
+        row.update(self.updater.metrics())
         row.update({k: round(v, 5) for k, v in self.last_terms.items()})
         if self.digest is not None:
             row["digest_updates"], row["params_digest"] = self.digest
-        self.lags = []
         return row
 
     def teardown(self) -> None:
         self.save_checkpoint()
-        distributed.leave_group()
+        self.updater.close()
 
 
 def _rng_state() -> dict[str, Any]:
@@ -412,19 +300,3 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def check_values(msg: wire.Message, float_keys: tuple[str, ...], spec: Any) -> None:
-    """Experience a learner can train on: finite floats (one NaN would poison every
-    parameter, and the learner would publish them) and, for discrete actions, action
-    indices the model has. Shapes are checked by the caller."""
-    for key in float_keys:
-        if msg[key].dtype.kind != "f" or not np.isfinite(msg[key]).all():
-            raise wire.ProtocolError(f"'{key}' must be finite floats")
-    action = msg["action"]
-    if spec.num_actions is None:
-        if action.dtype.kind != "f" or not np.isfinite(action).all():
-            raise wire.ProtocolError("'action' must be finite floats (continuous actions)")
-    elif action.dtype.kind not in "iu" or (action.size and (
-            action.min() < 0 or action.max() >= spec.num_actions)):
-        raise wire.ProtocolError(f"'action' must be integers in [0, {spec.num_actions})")

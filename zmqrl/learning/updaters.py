@@ -1,0 +1,192 @@
+"""Updaters of a learner: what training on one batch does to the parameters.
+
+* :class:`LocalStep`: the algorithm's own optimizer step, here (``algo.update``).
+* :class:`AllReduce`: data-parallel replicas (OpenAI Five's synchronous optimizers):
+  the replicas form a gloo group (``zmqrl.distributed``) and the algorithm averages its
+  gradients through the ``allreduce`` hook it is built with, so every replica takes the
+  same step and all hold identical parameters.
+* :class:`GradientPush` (Gorila): gradients go to a parameter server, which applies
+  them; its replies carry the new parameters. Up to ``max_pending`` gradients are in
+  flight: the learner keeps computing on parameters a few updates stale instead of a
+  round trip per update, as Gorila's asynchronous learners do.
+
+An updater says when it can take a batch (``ready``), trains on one (``step``: loss
+terms and, for Q-learning, new priorities) and calls back ``on_update`` once per update
+of the parameters it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from zmqrl import distributed, wire
+from zmqrl.learning.connection import DisconnectWatch
+from zmqrl.models import load_state_arrays
+
+Terms = dict[str, float]
+
+
+class Updater(Protocol):
+    algo_options: dict[str, Any]  # extra arguments for make_algo (hooks)
+
+    def bind(self, algo: Any, on_update: Callable[[], None]) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    def step(self, batch: dict[str, torch.Tensor]) -> tuple[Terms, torch.Tensor | None]: ...
+
+    def poll(self) -> None: ...
+
+    def lost(self) -> None: ...
+
+    def metrics(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def _split(out: Any) -> tuple[Terms, torch.Tensor | None]:
+    """Q-learning algorithms return (terms, priorities), actor-critic ones terms."""
+    return out if isinstance(out, tuple) else (out, None)
+
+
+class LocalStep:
+    """One optimizer step here per batch."""
+
+    algo_options: dict[str, Any] = {}
+
+    def bind(self, algo: Any, on_update: Callable[[], None]) -> None:
+        self.algo, self.on_update = algo, on_update
+
+    def ready(self) -> bool:
+        return True
+
+    def step(self, batch: dict[str, torch.Tensor]) -> tuple[Terms, torch.Tensor | None]:
+        terms, priorities = _split(self.algo.update(batch))
+        self.on_update()
+        return terms, priorities
+
+    def poll(self) -> None:
+        pass
+
+    def lost(self) -> None:
+        pass
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class AllReduce(LocalStep):
+    """Data-parallel: this replica joins the gloo group of its ``world`` replicas (at
+    ``address``, as rank ``rank``); the algorithm averages gradients through the hook."""
+
+    def __init__(self, address: str, rank: int, world: int):
+        distributed.init_group(address, rank, world)
+        self.algo_options = {"allreduce": distributed.mean_allreduce(world)}
+
+    def close(self) -> None:
+        distributed.leave_group()
+
+
+class GradientPush:
+    """Gorila: gradients to the parameter server behind DEALER link ``link`` of
+    ``node``, parameters back.
+
+    Each reply answers one gradient (``pending`` counts down by one, whatever order
+    the server's replies come in) and carries the server's newest parameters; only the
+    newest reply is loaded, before the next gradient is computed. The target network
+    follows the server's version (a copy every ``target_update_every`` server updates,
+    as in Gorila), not this learner's share of the updates.
+    """
+
+    algo_options: dict[str, Any] = {}
+
+    def __init__(self, node: Any, max_pending: int, link: str = "param_server"):
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.node = node
+        self.link = link
+        self.max_pending = max_pending
+        self.pending = 0  # gradients sent, not yet answered
+        self.server_version = 0  # of the parameters we hold
+        self.reconnects = 0
+        self._latest: wire.Message | None = None  # newest reply, not loaded yet
+        self._answered = 0  # replies not yet counted as updates
+        self.watch = DisconnectWatch(node.sockets[link])
+
+    def bind(self, algo: Any, on_update: Callable[[], None]) -> None:
+        self.algo, self.on_update = algo, on_update
+        self.model: torch.nn.Module = algo.model
+        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        self.shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+
+    def ready(self) -> bool:
+        self.poll()
+        return self.pending < self.max_pending
+
+    def step(self, batch: dict[str, torch.Tensor]) -> tuple[Terms, torch.Tensor | None]:
+        grads, terms, priorities = self.algo.gradients(batch)
+        self.node.send(self.link, wire.encode(
+            wire.GRADS, {n: g.cpu().numpy() for n, g in zip(self.names, grads, strict=True)},
+            version=self.server_version))
+        self.pending += 1
+        return terms, priorities
+
+    def on_reply(self, msg: wire.Message) -> None:
+        self.node.expect_reply(msg, wire.PARAMS, "the parameter server")
+        self.pending = max(0, self.pending - 1)  # it answers one gradient, not all
+        version = msg.fields.get("version")
+        if type(version) is not int or version < 0:
+            raise wire.ProtocolError(f"params 'version' must be an int >= 0, got {version!r}")
+        shapes = {k: tuple(v.shape) for k, v in msg.arrays.items()}
+        if shapes != self.shapes:
+            raise wire.ProtocolError("params do not match the model's tensors")
+        if not all(np.isfinite(v).all() for v in msg.arrays.values() if v.dtype.kind == "f"):
+            raise wire.ProtocolError("params hold NaN or infinite values")
+        self._latest = msg
+        self._answered += 1
+
+    def poll(self) -> None:
+        if self.watch.dropped():
+            self.node.log.warning("connection to the parameter server dropped")
+            self.lost()
+        if self._latest is not None:
+            msg, self._latest = self._latest, None
+            load_state_arrays(self.model, msg.arrays)
+            self._follow(msg.fields["version"])
+        answered, self._answered = self._answered, 0
+        for _ in range(answered):
+            self.on_update()
+
+    def _follow(self, version: int) -> None:
+        """Sync the target network when the server's version crosses a multiple of
+        ``target_update_every`` (or goes back: a server restored from a checkpoint)."""
+        every = getattr(self.algo.cfg, "target_update_every", 0)
+        held = getattr(self.algo, "updates", self.server_version)  # restored with it
+        if every and hasattr(self.algo, "sync_target") and version // every != held // every:
+            self.algo.sync_target()
+        self.server_version = version
+        if hasattr(self.algo, "updates"):
+            self.algo.updates = version  # the algorithm's counter is the server's
+
+    def lost(self) -> None:
+        """The server lost the gradients in flight: a fresh socket (late replies to the
+        old ones cannot arrive); they are not resent (newer ones follow)."""
+        self.watch.close()
+        self.node.reopen(self.link)
+        self.watch.attach(self.node.sockets[self.link])
+        self.pending = 0
+        self.reconnects += 1
+
+    def metrics(self) -> dict[str, Any]:
+        return {"pending_grads": self.pending, "server_version": self.server_version,
+                "param_server_reconnects": self.reconnects}
+
+    def close(self) -> None:
+        self.watch.close()
