@@ -87,8 +87,8 @@ class UnrollBuilder:
 
 class PolicyState:
     """The LSTM state of n envs under a recurrent actor-critic (``lstm_ac``) between
-    steps, for whoever steps the model: the inference broker (one per actor
-    connection, batched into one forward pass) or a local-policy actor.
+    steps, kept by the actor-critic behaviour of each connection
+    (``zmqrl.acting.actor_critic``), batched with the others into one forward pass.
 
     Per step: ``inputs()`` gives (first, h, c) with the state already zeroed where an
     episode starts (what the unroll stores), ``advance(h2, c2)`` keeps the state after
@@ -123,22 +123,3 @@ class PolicyState:
         self.h[done] = 0.0
         self.c[done] = 0.0
         self.first = np.asarray(done, np.bool_).copy()
-
-
-def act_recurrent(model: torch.nn.Module, obs: np.ndarray, states: list[PolicyState]
-                  ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-    """One forward pass of a recurrent actor-critic over several groups of envs, each
-    from its own state: (actions, log-probs, the state each group acted with). The
-    groups' states advance."""
-    device = next(model.parameters()).device
-    first, h, c = (torch.from_numpy(np.concatenate(parts)).to(device)
-                   for parts in zip(*(s.inputs() for s in states), strict=True))
-    action, logp, (h2, c2) = model.step(torch.from_numpy(obs).to(device), first, (h, c))
-    h2, c2 = h2.cpu().numpy(), c2.cpu().numpy()
-    used, start = [], 0
-    for s in states:
-        end = start + s.n
-        used.append((s.h, s.c))  # already zeroed where first: what the unroll stores
-        s.advance(h2[start:end], c2[start:end])
-        start = end
-    return action.cpu().numpy(), logp.cpu().numpy(), used

@@ -1,0 +1,168 @@
+"""The acting interface every architecture plugs into, and the batching core over it.
+
+A :class:`Behaviour` is the acting side of one *connection*: ``n`` envs stepped in
+lockstep, by a remote actor talking to the inference broker or by a local actor. It
+owns what acting an architecture needs besides the model: recurrent state, exploration,
+the trajectory it is cutting, and the items it ships (unrolls, n-step transitions,
+sequences, gradients). Per step, in this order::
+
+    b.outcome(reward, done, truncated, final_obs)  # of the last actions (no-op before any)
+    b.observe(obs, fields)                          # the new observations (+ step header)
+    items = b.take()                                # what is ready to ship
+    ... act_batched(model, [b, ...], version) ...   # one forward pass over connections
+                                                    #   -> b.inputs(), forward, b.record()
+
+``truncated`` [n] bool marks the envs of ``done`` whose episode a time limit cut, and
+``final_obs`` holds their final observations, one row per such env (the wire's ``step``
+carries exactly these). The inference broker keeps a behaviour per actor connection and
+calls :func:`act_batched` on all of them at once; a local actor is the same behaviour
+with one connection. Recurrent state lives in the behaviour and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from zmqrl.algo_config import AlgoConfig
+from zmqrl.envs import EnvSpec
+
+
+@dataclass
+class Item:
+    """One message a behaviour wants shipped: a wire type, its arrays and fields."""
+
+    type: str
+    arrays: dict[str, np.ndarray]
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ActingSetup:
+    """What every connection's behaviour shares: the env's spec, the model it acts with
+    (the node loads new parameters into it), the algorithm's config, and defaults for
+    exploration."""
+
+    spec: EnvSpec
+    model: torch.nn.Module
+    cfg: AlgoConfig
+    epsilon: float = 0.01  # ε-greedy behaviours: until a step header says otherwise
+    seed: int = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+class Behaviour:
+    """One connection's acting (see the module docstring). Subclasses define
+    :meth:`inputs`, :meth:`forward`, :meth:`record` and :meth:`_outcome`, and may
+    override :meth:`observe` and :meth:`take`."""
+
+    ships: ClassVar[str] = ""  # the wire type of its items, for documentation and checks
+    # ε-greedy: takes ε from ActingSetup, and from a step header's ``epsilon`` field (a
+    # remote actor sends its own, so the broker explores as that actor should).
+    explores_by_epsilon: ClassVar[bool] = False
+
+    def __init__(self, setup: ActingSetup, n: int):
+        self.setup = setup
+        self.spec = setup.spec
+        self.model = setup.model
+        self.n = n
+        self.obs: np.ndarray | None = None
+        self.acted = False  # an action was taken and its outcome not yet recorded
+        self._ready: list[Item] = []
+
+    # ----- per step -----------------------------------------------------------------
+    def outcome(self, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray,
+                final_obs: np.ndarray) -> None:
+        """The result of the last actions; nothing before the first action."""
+        if self.acted:
+            self.acted = False
+            self._outcome(reward, done, truncated, final_obs)
+
+    def observe(self, obs: np.ndarray, fields: dict[str, Any] | None = None) -> None:
+        """The current observations ([n, *obs_shape]) and the step's header fields."""
+        self.obs = obs
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """Model inputs for the current observations, each with leading dimension n."""
+        raise NotImplementedError
+
+    @staticmethod
+    def forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+                ) -> dict[str, np.ndarray]:
+        """One forward pass over the inputs of any number of connections (concatenated
+        along the first dimension); outputs with the same leading dimension."""
+        raise NotImplementedError
+
+    def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
+        """This connection's share of the outputs: remember what the trajectory needs and
+        return the actions [n, *action_shape] in the env's action dtype."""
+        raise NotImplementedError
+
+    def _outcome(self, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray,
+                 final_obs: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def take(self) -> list[Item]:
+        """The items completed since the last call (and forget them)."""
+        ready, self._ready = self._ready, []
+        return ready
+
+
+def act_batched(model: torch.nn.Module, behaviours: list[Behaviour],
+                version: int) -> list[np.ndarray]:
+    """One forward pass for every connection in ``behaviours`` (all of one class), each
+    from its own state: concatenate their inputs, run the model once, split the outputs
+    back and let each record its share. Returns the actions per connection."""
+    parts = [b.inputs() for b in behaviours]
+    device = behaviours[0].setup.device
+    if len(parts) == 1:
+        # Frames are read-only and torch wants writable memory: one copy either way.
+        joined = {k: v if v.flags.writeable else v.copy() for k, v in parts[0].items()}
+    else:
+        joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    outputs = type(behaviours[0]).forward(
+        model, {k: torch.from_numpy(v).to(device) for k, v in joined.items()})
+    actions, start = [], 0
+    for b in behaviours:
+        end = start + b.n
+        actions.append(b.record({k: v[start:end] for k, v in outputs.items()}, version))
+        b.acted = True
+        start = end
+    return actions
+
+
+class EpisodeLog:
+    """Returns and lengths of finished episodes, pooled until an unroll carries them to
+    the learner (whose metrics are the run's returns)."""
+
+    def __init__(self) -> None:
+        self.returns: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+
+    def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        if len(returns):
+            self.returns.append(np.asarray(returns, np.float32))
+            self.lengths.append(np.asarray(lengths, np.int32))
+
+    def attach(self, arrays: dict[str, np.ndarray]) -> None:
+        """Add ``ep_return``/``ep_length`` of everything pooled so far to ``arrays``."""
+        if self.returns:
+            arrays["ep_return"] = np.concatenate(self.returns)
+            arrays["ep_length"] = np.concatenate(self.lengths)
+            self.returns, self.lengths = [], []
+
+
+def take_all(pending: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    """The batches in ``pending`` joined into one (batch-major), emptying it; None if
+    there are none."""
+    if not pending:
+        return None
+    items = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+    pending.clear()
+    return items

@@ -1,0 +1,63 @@
+"""What an actor does around its envs, whatever the architecture: episode returns,
+reward scaling, Ape-X's per-actor ε, and the final observations of ended episodes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def apex_epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X's per-actor exploration: ε_i = base^(1 + alpha·i/(n−1)) (one actor: base)."""
+    return base ** (1 + alpha * i / (n - 1)) if n > 1 else base
+
+
+class EpisodeTracker:
+    """Running returns and lengths of a vector of envs; reports finished episodes."""
+
+    def __init__(self, n: int):
+        self.ret = np.zeros(n, np.float64)
+        self.length = np.zeros(n, np.int64)
+
+    def step(self, reward: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.ret += reward
+        self.length += 1
+        if not done.any():
+            return np.empty(0, np.float32), np.empty(0, np.int32)
+        ended = np.flatnonzero(done)
+        out = self.ret[ended].astype(np.float32), self.length[ended].astype(np.int32)
+        self.ret[ended] = 0.0
+        self.length[ended] = 0
+        return out
+
+
+class RewardScaler:
+    """Divides rewards by a running std of each env's discounted return (gymnasium's
+    NormalizeReward, which CleanRL's MuJoCo PPO uses), then clips them. It runs where
+    the envs are, so the episode returns that actors report stay in raw units."""
+
+    def __init__(self, n: int, discount: float, clip: float = 10.0, eps: float = 1e-8):
+        self.discount, self.clip, self.eps = discount, clip, eps
+        self.returns = np.zeros(n, np.float64)
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.discount + reward
+        self._update(self.returns)
+        self.returns[done] = 0.0
+        scaled = reward / np.sqrt(self.var + self.eps)
+        return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
+
+    def _update(self, x: np.ndarray) -> None:  # Chan et al.'s parallel variance merge
+        batch_mean, batch_var, n = float(x.mean()), float(x.var()), len(x)
+        delta, total = batch_mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + batch_var * n
+                    + delta**2 * self.count * n / total) / total
+        self.count = total
+
+
+def final_obs(info: dict, mask: np.ndarray, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The final observations of the envs in ``mask`` (SAME_STEP autoreset puts them in
+    ``info["final_obs"]``, since the returned observation already starts a new episode)."""
+    rows = [info["final_obs"][i] for i in np.flatnonzero(mask)]
+    return np.asarray(rows, dtype).reshape(len(rows), *shape)

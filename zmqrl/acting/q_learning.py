@@ -1,0 +1,78 @@
+"""ε-greedy acting on a Q-network (the ``replay`` family: Ape-X, Gorila actors): n-step
+transitions with initial priorities |δ| computed where they are made, for a replay.
+
+An env whose episode ended contributes its transition with the final observation as
+``next_obs`` where a time limit cut it (the target bootstraps from it) and with the
+next observation otherwise (a terminal transition's target does not look at it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from zmqrl import wire
+from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item, take_all
+from zmqrl.algos.dqn import NStepAccumulator, td_priorities
+
+
+class EpsilonGreedyBehaviour(Behaviour):
+    ships = wire.INSERT
+    explores_by_epsilon = True
+
+    def __init__(self, setup: ActingSetup, n: int):
+        super().__init__(setup, n)
+        self.epsilon = setup.epsilon
+        self.num_actions = self.spec.num_actions
+        self.rng = np.random.default_rng(setup.seed)
+        self.nstep = NStepAccumulator(n, setup.cfg.n_step, setup.cfg.discount)
+        self.pending: list[dict[str, np.ndarray]] = []
+        self._last: tuple | None = None  # (obs, action) of the step awaiting its outcome
+        self._result: tuple | None = None  # (reward, done, truncated, final_obs)
+        self.version = 0  # of the parameters that acted last
+
+    def observe(self, obs: np.ndarray, fields: dict | None = None) -> None:
+        if fields and "epsilon" in fields:
+            self.epsilon = float(fields["epsilon"])
+        if self._result is not None:  # the transition is complete with its next obs
+            (last_obs, action), (reward, done, truncated, final_obs) = self._last, self._result
+            next_obs = obs
+            if truncated.any():
+                next_obs = np.array(obs)
+                next_obs[truncated] = final_obs
+            finished = self.nstep.push(last_obs, action, reward, done & ~truncated, next_obs,
+                                       truncated)
+            if finished is not None:
+                self.pending.append(finished)
+            self._result = None
+        super().observe(obs, fields)
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        return {"obs": self.obs}
+
+    @staticmethod
+    def forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+                ) -> dict[str, np.ndarray]:
+        return {"q": model.q_values(inputs["obs"]).cpu().numpy()}
+
+    def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
+        greedy = outputs["q"].argmax(-1)
+        explore = self.rng.random(self.n) < self.epsilon
+        random_actions = self.rng.integers(self.num_actions, size=self.n)
+        action = np.where(explore, random_actions, greedy).astype(self.spec.action_dtype)
+        self._last = (self.obs, action)
+        self.version = version
+        return action
+
+    def _outcome(self, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray,
+                 final_obs: np.ndarray) -> None:
+        self._result = (reward, done, truncated, final_obs)
+
+    def take(self) -> list[Item]:
+        items = take_all(self.pending)
+        if items is None:
+            return []
+        items["priority"] = td_priorities(self.model, items["obs"], items["action"],
+                                          items["reward"], items["discount"],
+                                          items["next_obs"]).astype(np.float32)
+        return [Item(wire.INSERT, items, {"version": self.version})]
