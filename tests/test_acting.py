@@ -1,0 +1,152 @@
+"""The acting spine: behaviours batched over connections act exactly as each alone,
+keep their recurrent state apart, cut their items, and explore with the ε a step
+header gives them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from zmqrl import wire
+from zmqrl.acting import (
+    BEHAVIOURS,
+    ActingSetup,
+    ActorCriticBehaviour,
+    EpsilonGreedyBehaviour,
+    RecurrentQBehaviour,
+    act_batched,
+    behaviour_for,
+)
+from zmqrl.algo_config import DQNConfig, R2D2Config, VTraceConfig
+from zmqrl.envs import EnvSpec
+from zmqrl.models import build_model
+
+SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),
+               action_dtype=np.dtype(np.int64), num_actions=3)
+H = 8
+
+
+def setup_for(kind: str, cfg, epsilon: float = 0.0, seed: int = 0) -> ActingSetup:
+    options = {"hidden": [16], "lstm": H} if kind.startswith("lstm") else {"hidden": [16]}
+    model = build_model({"kind": kind, **options}, SPEC, 0)
+    return ActingSetup(SPEC, model, cfg, epsilon, seed)
+
+
+def obs_of(n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.normal(size=(n, 4)).astype(np.float32)
+
+
+def step_all(behaviours, obs, version=0):
+    for b, o in zip(behaviours, obs, strict=True):
+        b.observe(o)
+    return act_batched(behaviours[0].model, behaviours, version)
+
+
+@pytest.mark.parametrize(("kind", "cls", "cfg"), [
+    ("dueling_mlp", EpsilonGreedyBehaviour, DQNConfig()),
+    ("lstm_q", RecurrentQBehaviour, R2D2Config(sequence_length=4, burn_in=1, overlap=1)),
+])
+def test_greedy_actions_batched_over_connections_equal_each_alone(kind, cls, cfg):
+    """One forward pass over three connections (of 2, 3 and 1 envs) gives every
+    connection the actions and, for a recurrent Q-network, the state it would have
+    had acting alone: state is per connection, not mixed by the batching."""
+    setup = setup_for(kind, cfg)
+    rng = np.random.default_rng(0)
+    together = [cls(setup, n) for n in (2, 3, 1)]
+    alone = [cls(setup, n) for n in (2, 3, 1)]
+    for t in range(5):
+        obs = [obs_of(b.n, rng) for b in together]
+        batched = step_all(together, obs)
+        single = [step_all([b], [o])[0] for b, o in zip(alone, obs, strict=True)]
+        for a, b in zip(batched, single, strict=True):
+            np.testing.assert_array_equal(a, b)
+        done = [np.zeros(b.n, bool) for b in together]
+        done[1][t % 3] = True  # an episode ends in one env of the middle connection
+        for group in (together, alone):
+            for b, d in zip(group, done, strict=True):
+                b.outcome(np.ones(b.n, np.float32), d, np.zeros(b.n, bool),
+                          np.zeros((0, 4), np.float32))
+        if cls is RecurrentQBehaviour:
+            for x, y in zip(together, alone, strict=True):
+                np.testing.assert_allclose(x.envs.h, y.envs.h, atol=1e-6)
+                np.testing.assert_array_equal(x.envs.first, y.envs.first)
+
+
+def test_recurrent_policy_state_stays_with_its_connection():
+    """lstm_ac: the state each connection advances to depends on its own observations
+    only (what model.step gives for that connection alone), and each unroll carries the
+    state its first step acted with, and the version that took that step."""
+    setup = setup_for("lstm_ac", VTraceConfig(unroll=3))
+    rng = np.random.default_rng(1)
+    conns = [ActorCriticBehaviour(setup, n) for n in (2, 3)]
+    h = [torch.zeros(b.n, H) for b in conns]
+    c = [torch.zeros(b.n, H) for b in conns]
+    state_after = []  # connection 1's state after each step
+    unrolls = []
+    for t in range(7):
+        obs = [obs_of(b.n, rng) for b in conns]
+        for b, o in zip(conns, obs, strict=True):
+            b.observe(o)
+            unrolls += [item for item in b.take() if b.n == 3]
+        act_batched(setup.model, conns, 10 + t)
+        for i, (b, o) in enumerate(zip(conns, obs, strict=True)):
+            first = torch.full((b.n,), t == 0)
+            _, _, (h[i], c[i]) = setup.model.step(torch.from_numpy(o), first, (h[i], c[i]))
+            np.testing.assert_allclose(b.state.h, h[i].numpy(), atol=1e-5)
+            b.outcome(np.ones(b.n, np.float32), np.zeros(b.n, bool), np.zeros(b.n, bool),
+                      np.zeros((0, 4), np.float32))
+        state_after.append(h[1].numpy().copy())
+    assert [u.type for u in unrolls] == [wire.UNROLL, wire.UNROLL]
+    first, second = (u.arrays for u in unrolls)
+    assert first["obs"].shape == (4, 3, 4) and first["state_h"].shape == (1, 3, H)
+    assert not first["state_h"].any()  # the first unroll starts from the zero state
+    np.testing.assert_allclose(second["state_h"][0], state_after[2], atol=1e-5)
+    assert [u.fields["version"] for u in unrolls] == [10, 13]
+
+
+def test_step_header_epsilon_makes_the_broker_explore_as_the_actor_would():
+    setup = setup_for("dueling_mlp", DQNConfig(), epsilon=0.0)
+    rng = np.random.default_rng(2)
+    b = EpsilonGreedyBehaviour(setup, 200)
+    obs = obs_of(200, rng)
+    b.observe(obs)
+    (greedy,) = act_batched(setup.model, [b], 0)
+    b.outcome(np.zeros(200, np.float32), np.zeros(200, bool), np.zeros(200, bool),
+              np.zeros((0, 4), np.float32))
+    b.observe(obs, {"epsilon": 1.0})
+    (explored,) = act_batched(setup.model, [b], 0)
+    assert b.epsilon == 1.0
+    assert (explored != greedy).mean() > 0.4  # 2 of 3 random actions differ from greedy
+
+
+def test_transitions_bootstrap_from_the_final_observation_of_a_cut_episode():
+    """n_step 1: an env cut by a time limit ships its final observation as next_obs with
+    the discount; a terminated one ships discount 0; the others the next observation."""
+    setup = setup_for("dueling_mlp", DQNConfig(n_step=1, discount=0.9))
+    b = EpsilonGreedyBehaviour(setup, 3)
+    obs0 = np.zeros((3, 4), np.float32)
+    obs1 = np.ones((3, 4), np.float32)
+    final = np.full((1, 4), 5.0, np.float32)
+    b.observe(obs0)
+    act_batched(setup.model, [b], 3)
+    b.outcome(np.ones(3, np.float32), np.array([False, True, True]),
+              np.array([False, False, True]), final)
+    b.observe(obs1)
+    (item,) = b.take()
+    assert item.type == wire.INSERT and item.fields["version"] == 3
+    np.testing.assert_allclose(item.arrays["discount"], [0.9, 0.0, 0.9])
+    np.testing.assert_array_equal(item.arrays["next_obs"][0], obs1[0])
+    np.testing.assert_array_equal(item.arrays["next_obs"][2], final[0])
+    assert item.arrays["priority"].shape == (3,) and (item.arrays["priority"] >= 0).all()
+
+
+def test_every_family_has_one_behaviour_for_broker_and_local_actors():
+    """The table the broker and the local actor both read: one behaviour per family
+    (and A3C's gradient variant), each shipping what its consumer takes."""
+    assert {family for family, _ in BEHAVIOURS} == {"unroll", "replay", "sequence"}
+    assert behaviour_for("unroll").ships == wire.UNROLL
+    assert behaviour_for("unroll", "param_server").ships == wire.GRADS
+    assert behaviour_for("replay").ships == behaviour_for("sequence").ships == wire.INSERT
+    with pytest.raises(ValueError, match="no behaviour for a 'replay' algorithm"):
+        behaviour_for("replay", "param_server")
