@@ -216,6 +216,19 @@ class ReplayTable:
         }
         return Sample(keys=keys, items=items, weights=weights, probabilities=probs)
 
+    def undo_sample(self, sample: Sample) -> None:
+        """Take back the :meth:`sample` call that returned ``sample``, when it was the
+        last change to the table (its items could not be delivered): fifo items become
+        unsampled again and the counters go back. The generator stays advanced."""
+        m = int(sample.keys.shape[0])
+        if self._sampler == "fifo" and m:
+            if int(sample.keys[0]) != self._oldest_key - m or \
+                    self._next_key - int(sample.keys[0]) > self._capacity:
+                raise ValueError("only the last fifo sample can be undone, before any insert")
+            self._oldest_key -= m
+        self._sample_calls = max(0, self._sample_calls - 1)
+        self.samples -= m
+
     def _sample_prioritized(
         self, n: int, size: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
