@@ -1,20 +1,34 @@
 """Replay node: a replay service over ``zmqrl.replay`` (table + sampler + rate limiter).
 
-``experience`` (ROUTER) takes ``insert`` messages: batch-major items (any fields; the
-first insert fixes their shapes and dtypes) and an optional ``priority`` array.
-``sample`` (ROUTER) takes ``sample`` requests (``batch_size``), answered with ``batch``
-(``key``, ``weight`` and the items' arrays), and ``priorities`` updates (``key``,
-``priority``).
+``experience`` (ROUTER) takes ``insert`` messages: batch-major items and an optional
+``priority`` array. Their fields, dtypes, shapes and values are checked against the
+run's env and algorithm before anything is stored (``zmqrl.replay.items``: actions
+inside the action space, finite floats, discounts in [0, 1], bool dones), because a bad
+item would be served to every learner again and again. ``sample`` (ROUTER) takes
+``sample`` requests (``batch_size``, optional ``client``), answered with ``batch``
+(``key``, ``weight`` and the items' arrays; field ``source``: this replay's
+incarnation), and ``priorities`` updates (``key``, ``priority``, optional ``source``).
+
+Keys are unique only within one incarnation: a restarted replay issues again the keys
+its previous incarnation issued after its last checkpoint. So a ``priorities`` message
+that names another ``source`` than ours is stale: skipped and counted
+(``stale_priority_updates``), never applied to whatever holds those keys now, and not
+an error (a learner should not fail over a replay restart). Learners echo the batch's
+``source`` in their ``priorities``.
 
 The rate limiter decides when each may happen. A sample it refuses waits here (the
 learner simply gets its reply later); an insert it refuses waits too, and while one
 waits we stop reading ``experience``, so the actors' outboxes fill and they pause. So
-neither side can outrun the other, and the metrics say which one is waiting.
+neither side can outrun the other, and the metrics say which one is waiting. Waiting
+samples are bounded (``zmqrl.replay.waiting``): per peer, per client (a learner that
+reconnects or restarts replaces its old requests) and in all; a request whose peer is
+gone when its turn comes is dropped with the rest of that peer's, its sample undone.
 
-Persistence: every ``checkpoint_every_s`` seconds and at exit the table (items, keys,
-priorities, counters, sampler RNG) and the rate limiter's counters go to
-``checkpoints/<label>.replay.npz`` in the run directory: plain arrays in an uncompressed
-``np.savez`` (no pickled objects), written crash-safely (``zmqrl.checkpoint``). A replay
+Persistence (``zmqrl.checkpoint``: this node is the Saveable, a Checkpointer decides
+when): every ``checkpoint_every_s`` seconds (counted from the end of the last save) and
+at exit the table (items, keys, priorities, counters, sampler RNG) and the rate
+limiter's counters go to ``checkpoints/<label>.replay.npz`` in the run directory: plain
+arrays in an uncompressed ``np.savez`` (no pickled objects), written crash-safely. A replay
 that finds that file when it starts (a restart after a crash, or ``zmqrl up --resume``)
 restores it, so the learner does not start over from an empty buffer. Requests in
 flight at a crash are lost: the learner re-sends its samples after its
@@ -26,18 +40,20 @@ how long a save took.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from zmqrl import wire
-from zmqrl.checkpoint import atomic_write, checkpoint_dir
+from zmqrl.algos import SEQUENCE_ALGOS, make_algo_config
+from zmqrl.checkpoint import NPZ, Checkpointer, node_checkpoint
+from zmqrl.envs import env_spec
 from zmqrl.node import Node
 from zmqrl.replay import RateLimiter, ReplayTable
-from zmqrl.topology import NodeSpec, Topology
+from zmqrl.replay.items import ItemRules
+from zmqrl.replay.waiting import Request, WaitingSamples
+from zmqrl.topology import NodeSpec, Topology, load_class
 
 SAMPLERS = ("uniform", "prioritized", "fifo")
 _LIMITER_PREFIX = "limiter/"  # rate limiter counters in the checkpoint; the rest is the table's
@@ -62,6 +78,9 @@ class Replay(Node):
         # seconds between checkpoints of the table (also written at exit); 0: the replay
         # neither saves nor restores its contents
         checkpoint_every_s: float = 60.0
+        # sample requests held back by the rate limiter: per peer, and in all
+        max_waiting_per_peer: int = 16
+        max_waiting: int = 1024
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -77,9 +96,12 @@ class Replay(Node):
             limiter = RateLimiter(args.min_size, args.samples_per_insert, args.error_buffer)
             batch = topo.algo.get("batch_size")
             if isinstance(batch, int):
-                limiter.check_batch(batch)
+                limiter.check_batch(batch, largest_insert(spec.name, topo))
         except ValueError as exc:
             errors.append((where, f"rate limiter: {exc}"))
+        for name in ("max_waiting_per_peer", "max_waiting"):
+            if getattr(args, name) < 1:
+                errors.append(((*where, name), "must be >= 1"))
         if args.checkpoint_every_s < 0:
             errors.append(((*where, "checkpoint_every_s"), "must be >= 0 (0: no checkpoints)"))
         if args.min_size > args.capacity:
@@ -89,72 +111,60 @@ class Replay(Node):
 
     def setup(self) -> None:
         a = self.args
+        topo = self.ctx.topo
         self.table = ReplayTable(a.capacity, a.sampler, a.alpha, a.beta, a.beta_final,
-                                 a.beta_steps, seed=self.ctx.topo.seed)
+                                 a.beta_steps, seed=topo.seed)
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
-        self.waiting_samples: deque[tuple[list, int]] = deque()
-        self.waiting_insert: tuple[list, wire.Message] | None = None
+        self.items = item_rules(topo)
+        self.waiting_samples = WaitingSamples(a.max_waiting_per_peer, a.max_waiting)
+        self.waiting_insert: tuple[list, wire.Message, int] | None = None
         self._mark = (time.monotonic(), 0, 0)
         self.sample_wait_s = 0.0  # time learners spent waiting for a sample
         self.insert_wait_s = 0.0  # time actors' inserts spent waiting
         self._waits_since: dict[str, float] = {}
-        self.checkpoint_path = checkpoint_dir(self.ctx.run_dir) / f"{self.ctx.label}.replay.npz"
-        self.checkpoint_s = 0.0  # how long the last save took
-        self._saved_at = time.monotonic()  # when the last save ended
+        self.stale_priorities = 0  # priorities messages for another incarnation's keys
         self.restored_items = 0
+        self.checkpointer: Checkpointer | None = None
         if a.checkpoint_every_s > 0:
-            if self.checkpoint_path.exists():
-                self._restore(self.checkpoint_path)
-            self.every(a.checkpoint_every_s, self._periodic_checkpoint)
+            self.checkpointer = Checkpointer(
+                node_checkpoint(self.ctx.run_dir, self.ctx.label, ".replay" + NPZ.suffix),
+                self, every_s=a.checkpoint_every_s, format=NPZ, log=self.log)
+            t0 = time.monotonic()
+            if self.checkpointer.restore_if_present():
+                self.log.info("restored %d items (keys %d..%d) from %s in %.3fs",
+                              self.table.size, self.table.oldest_key, self.table.next_key - 1,
+                              self.checkpointer.path, time.monotonic() - t0)
 
     # ----- inserts ------------------------------------------------------------------
     def on_experience(self, envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.INSERT:
             raise wire.ProtocolError(f"experience port takes '{wire.INSERT}', not '{msg.type}'")
-        items = {k: v for k, v in msg.arrays.items() if k != "priority"}
-        sizes = {v.shape[0] if v.ndim else -1 for v in items.values()}
-        if not items or len(sizes) != 1 or -1 in sizes or 0 in sizes:
-            raise wire.ProtocolError("insert needs arrays with one common, non-zero first axis")
-        n = sizes.pop()
-        priority = msg.arrays.get("priority")
-        if priority is not None and (priority.shape != (n,) or not np.all(priority >= 0)
-                                     or not np.isfinite(priority).all()):
-            raise wire.ProtocolError(f"insert 'priority' must be {n} finite values >= 0")
-        # A NaN stored here would reach a learner in every batch that samples it.
-        bad = [k for k, v in items.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
-        if bad:
-            raise wire.ProtocolError(f"insert fields {', '.join(sorted(bad))} hold NaN or "
-                                     "infinite values")
-        if self.waiting_insert is not None or not self.limiter.can_insert(n, self.table.size):
+        try:
+            n = self.items.check(msg.arrays)
+        except ValueError as exc:
+            raise wire.ProtocolError(f"insert rejected: {exc}") from None
+        if not self.limiter.can_insert(n, self.table.size):
             if self.waiting_insert is not None:  # we stopped reading; cannot normally happen
                 raise wire.ProtocolError("insert arrived while another was waiting")
-            self.waiting_insert = (envelope, msg)
+            self.waiting_insert = (envelope, msg, n)
             self._waits_since["insert"] = time.monotonic()
             self.set_polling("experience", False)
             return
-        self._insert(envelope, msg)
+        self._insert(envelope, msg, n)
 
-    def _insert(self, envelope: list, msg: wire.Message) -> None:
+    def _insert(self, envelope: list, msg: wire.Message, n: int) -> None:
         items = {k: v for k, v in msg.arrays.items() if k != "priority"}
         try:
             self.table.insert(items, msg.arrays.get("priority"))
-        except ValueError as exc:
+        except ValueError as exc:  # fields that differ from the table's
             raise wire.ProtocolError(f"insert rejected: {exc}") from None
-        self.limiter.on_insert(next(iter(items.values())).shape[0])
+        self.limiter.on_insert(n)
         self.grant_credit("experience", envelope)  # that actor may send its next insert
 
     # ----- samples and priorities ---------------------------------------------------
     def on_sample(self, envelope: list, msg: wire.Message) -> None:
         if msg.type == wire.PRIORITIES:
-            keys, prios = msg.arrays.get("key"), msg.arrays.get("priority")
-            if keys is None or prios is None or keys.shape != prios.shape or keys.ndim != 1:
-                raise wire.ProtocolError("priorities needs 'key' and 'priority' of one length")
-            if not np.all(prios >= 0):
-                raise wire.ProtocolError("priorities must be >= 0")
-            try:
-                self.table.update_priorities(keys.astype(np.int64), prios)
-            except ValueError as exc:  # keys we never issued, non-finite priorities
-                raise wire.ProtocolError(f"priorities rejected: {exc}") from None
+            self._priorities(msg)
             return
         if msg.type != wire.SAMPLE:
             raise wire.ProtocolError(f"sample port takes '{wire.SAMPLE}' or "
@@ -163,77 +173,97 @@ class Replay(Node):
         if type(batch_size) is not int or not 1 <= batch_size <= self.table.capacity:
             raise wire.ProtocolError(f"sample 'batch_size' must be an int in "
                                      f"[1, {self.table.capacity}], got {batch_size!r}")
+        client = msg.fields.get("client")
+        if client is not None and type(client) is not str:
+            raise wire.ProtocolError(f"sample 'client' must be a str, got {client!r:.40}")
         if not self.waiting_samples:
             self._waits_since["sample"] = time.monotonic()
-        self.waiting_samples.append((envelope, batch_size))
+        self.waiting_samples.add(Request(envelope, batch_size, client))
+
+    def _priorities(self, msg: wire.Message) -> None:
+        keys, prios = msg.arrays.get("key"), msg.arrays.get("priority")
+        if keys is None or prios is None or keys.shape != prios.shape or keys.ndim != 1:
+            raise wire.ProtocolError("priorities needs 'key' and 'priority' of one length")
+        if keys.dtype.kind not in "iu" or prios.dtype.kind != "f":
+            raise wire.ProtocolError(f"priorities needs integer 'key' and float 'priority', "
+                                     f"got {keys.dtype} and {prios.dtype}")
+        if not np.all(prios >= 0):
+            raise wire.ProtocolError("priorities must be >= 0")
+        source = msg.fields.get("source")
+        if source is not None and type(source) is not str:
+            raise wire.ProtocolError(f"priorities 'source' must be a str, got {source!r:.40}")
+        if source is not None and source != self.incarnation:
+            # Keys from another incarnation: ours may name other items now, or none yet.
+            self.stale_priorities += 1
+            self.table.stale_priority_updates += int(keys.shape[0])
+            return
+        try:
+            self.table.update_priorities(keys.astype(np.int64), prios)
+        except ValueError as exc:  # keys we never issued, non-finite priorities
+            raise wire.ProtocolError(f"priorities rejected: {exc}") from None
 
     def after_poll(self) -> None:
         if self.waiting_insert is not None:
-            envelope, msg = self.waiting_insert
-            n = next(v for k, v in msg.arrays.items() if k != "priority").shape[0]
+            envelope, msg, n = self.waiting_insert
             if self.limiter.can_insert(n, self.table.size):
                 self.waiting_insert = None
                 self.insert_wait_s += time.monotonic() - self._waits_since.pop("insert")
                 self.set_polling("experience", True)
                 try:
-                    self._insert(envelope, msg)
+                    self._insert(envelope, msg, n)
                 except wire.ProtocolError as exc:  # as _drain would have handled it
                     self.bad_messages += 1
                     self.log.error("rejected message on 'experience': %s", exc)
                     self.send("experience", wire.error_reply(str(exc)), envelope)
-        while self.waiting_samples:
-            envelope, batch_size = self.waiting_samples[0]
-            if not self.limiter.can_sample(batch_size, self.table.size):
-                return
-            self.waiting_samples.popleft()
-            sample = self.table.sample(batch_size)
-            self.limiter.on_sample(len(sample.keys))
+        self._serve_samples()
+        if self.checkpointer is not None and self.checkpointer.maybe_save():
+            self._log_save()
+
+    def _serve_samples(self) -> None:
+        waiting = self.waiting_samples
+        while waiting:
+            request = waiting.first()
+            if not self.limiter.can_sample(request.batch_size, self.table.size):
+                break
+            waiting.pop()
+            sample = self.table.sample(request.batch_size)
             arrays = {"key": sample.keys, "weight": sample.weights, **sample.items}
-            self.send("sample", wire.encode(wire.BATCH, arrays), envelope)
+            if not self.send("sample", wire.encode(wire.BATCH, arrays, source=self.incarnation),
+                             request.envelope):
+                # The peer is gone (or not reading): undo the sample, so it counts against
+                # no ratio and fifo items stay, and drop what else that peer left here.
+                self.table.undo_sample(sample)
+                waiting.dropped += 1  # this one, popped already
+                waiting.drop_peer(request.peer)
+            else:
+                self.limiter.on_sample(len(sample.keys))
             now = time.monotonic()
             self.sample_wait_s += now - self._waits_since.pop("sample", now)
-            if self.waiting_samples:
+            if waiting:
                 self._waits_since["sample"] = now
 
-    # ----- checkpoints ---------------------------------------------------------------
-    def _periodic_checkpoint(self) -> None:
-        # The timer counts from the start of a save; a buffer that takes about as long to
-        # save as the period would then save back to back. Leave at least half a period
-        # between the end of one save and the next, for serving.
-        if time.monotonic() - self._saved_at >= 0.5 * self.args.checkpoint_every_s:
-            self.save_checkpoint()
-
-    def save_checkpoint(self) -> None:
-        t0 = time.monotonic()
+    # ----- checkpoints (zmqrl.checkpoint.Saveable) ------------------------------------
+    def state(self) -> dict[str, Any]:
         state = self.table.state_dict()
         state.update({_LIMITER_PREFIX + k: v for k, v in self.limiter.state_dict().items()})
-        atomic_write(self.checkpoint_path, lambda f: np.savez(f, **state))
-        self._saved_at = time.monotonic()
-        self.checkpoint_s = self._saved_at - t0
-        self.log.info("checkpoint: %d items in %.3fs -> %s", self.table.size,
-                      self.checkpoint_s, self.checkpoint_path)
+        return state
 
-    def _restore(self, path: Path) -> None:
-        t0 = time.monotonic()
-        with np.load(path, allow_pickle=False) as f:
-            state = {k: f[k] for k in f.files}
-        try:
-            self.table.load_state_dict(state)
-        except (KeyError, ValueError) as exc:
-            # Refuse rather than silently start empty: the data may be all a run has.
-            raise RuntimeError(f"cannot restore {path}: {exc}; move it away to start this "
-                               "replay empty") from exc
+    def restore(self, state: dict[str, Any]) -> None:
+        self.table.load_state_dict(state)
         self.limiter.load_state_dict({k[len(_LIMITER_PREFIX):]: v for k, v in state.items()
                                       if k.startswith(_LIMITER_PREFIX)})
         self.restored_items = self.table.size
         self._mark = (time.monotonic(), self.limiter.inserts, self.limiter.samples)
-        self.log.info("restored %d items (keys %d..%d) from %s in %.3fs", self.table.size,
-                      self.table.oldest_key, self.table.next_key - 1, path,
-                      time.monotonic() - t0)
+
+    def _log_save(self) -> None:
+        assert self.checkpointer is not None
+        self.log.info("checkpoint: %d items in %.3fs -> %s", self.table.size,
+                      self.checkpointer.last_save_s, self.checkpointer.path)
 
     def teardown(self) -> None:
-        if self.args.checkpoint_every_s > 0:
-            self.save_checkpoint()
+        if self.checkpointer is not None:
+            self.checkpointer.save()
+            self._log_save()
 
     def metrics(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -254,6 +284,53 @@ class Replay(Node):
             "insert_waiting": int(self.waiting_insert is not None),
             "sample_wait_s": round(self.sample_wait_s, 3),
             "insert_wait_s": round(self.insert_wait_s, 3),
+            "waiting_dropped": self.waiting_samples.dropped,
+            "stale_priority_updates": self.table.stale_priority_updates,
             "restored_items": self.restored_items,
-            "checkpoint_s": round(self.checkpoint_s, 4),
+            "checkpoint_s": round(self.checkpointer.last_save_s if self.checkpointer else 0.0, 4),
         }
+
+
+def largest_insert(name: str, topo: Topology) -> int:
+    """The most items one insert into replay ``name`` can carry, as far as the topology
+    tells: an ε-greedy actor sends one step's transitions, up to ``n_step`` per env when
+    episodes end (each env flushes all it holds); a recurrent one at most one sequence
+    per env; a broker one connection's worth (one actor's envs). 1 for producers it
+    cannot see into (``impl:``, ``command:``)."""
+    try:
+        cfg = make_algo_config(topo.algo)
+    except (TypeError, ValueError, KeyError):
+        return 1  # the algo section's own errors are reported elsewhere
+    per_env = 1 if cfg.kind in SEQUENCE_ALGOS else int(getattr(cfg, "n_step", 1))
+
+    def envs(spec: NodeSpec) -> int:
+        if spec.kind != "actor":
+            return 0
+        try:
+            return int(load_class(spec.target).Args(**spec.args).envs)
+        except (TypeError, ValueError):
+            return 0
+
+    largest = 1
+    for spec in topo.nodes.values():
+        if spec.links.get("experience") != f"{name}.experience":
+            continue
+        if spec.kind == "actor":
+            largest = max(largest, envs(spec) * per_env)
+        elif spec.kind == "inference_broker":
+            served = [envs(a) for a in topo.nodes.values()
+                      if a.links.get("policy") == f"{spec.name}.policy"]
+            largest = max(largest, max(served, default=1) * per_env)
+    return largest
+
+
+def item_rules(topo: Topology) -> ItemRules:
+    """What this run's producers must insert: sequences for sequence algorithms (R2D2),
+    n-step transitions otherwise."""
+    spec = env_spec(topo.env)
+    kind = topo.algo.get("kind", "vtrace")
+    sequences = kind in SEQUENCE_ALGOS
+    length = make_algo_config(topo.algo).sequence_length if sequences else None
+    return ItemRules("sequences" if sequences else "transitions", tuple(spec.obs_shape),
+                     np.dtype(spec.obs_dtype), tuple(spec.action_shape),
+                     np.dtype(spec.action_dtype), spec.num_actions, length)
