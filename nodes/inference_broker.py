@@ -29,9 +29,10 @@ import torch
 
 from zmqrl import messages, wire
 from zmqrl.acting import ActingSetup, Behaviour, EpisodeLog, act_batched, behaviour_for
+from zmqrl.acting.params import ParamsFollower
 from zmqrl.envs import env_spec
 from zmqrl.metrics import LatencyReservoir
-from zmqrl.models import build_model, load_state_arrays, pick_device, wants_params
+from zmqrl.models import build_model, pick_device
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.topology import NodeSpec, Topology
 
@@ -79,8 +80,7 @@ class InferenceBroker(Node):
         self.sync = self.args.mode == "sync"
         self.awaiting_version = 0
         self.expected_actors = self._expected_actors()
-        self.version = 0
-        self.params_source: object = None  # incarnation of the publisher of our parameters
+        self.params = ParamsFollower(self.model, self)
         self._latest_params: wire.Message | None = None
         self.pending: list[tuple[list, wire.Message, Behaviour]] = []
         self.pending_keys: set[bytes] = set()  # connections with a step in self.pending
@@ -226,25 +226,14 @@ class InferenceBroker(Node):
 
     def _load_params(self) -> None:
         msg, self._latest_params = self._latest_params, None
-        if msg is None:
-            return
-        version = msg.fields.get("version")
-        if type(version) is not int:
-            self.bad_messages += 1
-            self.log.error("rejected params: version %r is not an integer", version)
-            return
-        source = msg.fields.get("source")
-        if not wants_params(version, source, self.version, self.params_source):
-            return
-        try:
-            load_state_arrays(self.model, msg.arrays)
-        except (RuntimeError, KeyError) as exc:
-            self.bad_messages += 1
-            self.log.error("rejected params version %d: %s", version, exc)
-            return
-        if version < self.version:  # a restarted learner: do not wait for versions it lost
-            self.awaiting_version = min(self.awaiting_version, version)
-        self.version, self.params_source = version, source
+        held = self.params.version
+        if msg is not None and self.params.offer(msg) and self.params.version < held:
+            # a restarted learner: do not wait for versions it lost
+            self.awaiting_version = min(self.awaiting_version, self.params.version)
+
+    @property
+    def version(self) -> int:
+        return self.params.version
 
     def _forget_silent_actors(self) -> None:
         cutoff = time.monotonic() - self.args.client_timeout_s

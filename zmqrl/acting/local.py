@@ -18,7 +18,8 @@ import torch
 
 from zmqrl import wire
 from zmqrl.acting import ActingSetup, EpisodeLog, act_batched, behaviour_for, final_obs
-from zmqrl.models import build_model, load_state_arrays, wants_params
+from zmqrl.acting.params import ParamsFollower
+from zmqrl.models import build_model
 from zmqrl.node import Outbox
 
 
@@ -31,7 +32,7 @@ class LocalActing:
         self.env, self.obs, self.episodes = actor.make_envs(n, actor.seed)
         self.model = build_model(topo.model, actor.spec, topo.seed)
         self.model.eval()
-        self.params_source: Any = None  # incarnation of the publisher of our parameters
+        self.params = ParamsFollower(self.model, actor)
         destination = "param_server" if "param_server" in actor.sockets else "experience"
         cls = behaviour_for(cfg.family, destination)
         epsilon = actor.epsilon() if cls.explores_by_epsilon else 0.0
@@ -87,18 +88,8 @@ class LocalActing:
 
     # ----- parameters -----------------------------------------------------------------
     def load_params(self, msg: wire.Message) -> None:
-        actor = self.actor
-        version, source = msg.fields.get("version"), msg.fields.get("source")
-        if type(version) is not int or not wants_params(version, source, actor.version,
-                                                        self.params_source):
-            return
-        try:
-            load_state_arrays(self.model, msg.arrays)
-        except (RuntimeError, KeyError, ValueError) as exc:  # keep acting with what we have
-            actor.bad_messages += 1
-            actor.log.error("rejected params version %d: %s", version, exc)
-            return
-        actor.version, self.params_source = version, source
+        if self.params.offer(msg):
+            self.actor.version = self.params.version
 
     def on_param_server(self, msg: wire.Message) -> None:
         self.actor.expect_reply(msg, wire.PARAMS, "the parameter server")
