@@ -2,9 +2,10 @@
 
 ``experience`` (ROUTER) takes ``insert`` messages: batch-major items and an optional
 ``priority`` array. Their fields, dtypes, shapes and values are checked against the
-run's env and algorithm before anything is stored (``zmqrl.replay.items``: actions
-inside the action space, finite floats, discounts in [0, 1], bool dones), because a bad
-item would be served to every learner again and again. ``sample`` (ROUTER) takes
+run's env and algorithm before anything is stored (``zmqrl.messages``: ``insert``
+transitions or sequences; actions inside the action space, finite floats, discounts in
+[0, 1], bool dones), because a bad item would be served to every learner again and
+again. ``sample`` (ROUTER) takes
 ``sample`` requests (``batch_size``, optional ``client``), answered with ``batch``
 (``key``, ``weight`` and the items' arrays; field ``source``: this replay's
 incarnation), and ``priorities`` updates (``key``, ``priority``, optional ``source``).
@@ -43,19 +44,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from zmqrl import wire
+from zmqrl import messages, wire
 from zmqrl.algos import SEQUENCE_ALGOS, make_algo_config
 from zmqrl.checkpoint import NPZ, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
 from zmqrl.node import Node
 from zmqrl.replay import RateLimiter, ReplayTable
-from zmqrl.replay.items import ItemRules
 from zmqrl.replay.waiting import Request, WaitingSamples
 from zmqrl.topology import NodeSpec, Topology, load_class
 
 SAMPLERS = ("uniform", "prioritized", "fifo")
+_SAMPLE = messages.spec(wire.SAMPLE)
+_PRIORITIES = messages.spec(wire.PRIORITIES)
 _LIMITER_PREFIX = "limiter/"  # rate limiter counters in the checkpoint; the rest is the table's
 
 
@@ -115,7 +115,14 @@ class Replay(Node):
         self.table = ReplayTable(a.capacity, a.sampler, a.alpha, a.beta, a.beta_final,
                                  a.beta_steps, seed=topo.seed)
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
-        self.items = item_rules(topo)
+        # What producers must insert: sequences for sequence algorithms (R2D2), n-step
+        # transitions otherwise; the declarations are zmqrl.messages'.
+        sequences = topo.algo.get("kind", "vtrace") in SEQUENCE_ALGOS
+        self.insert_spec = messages.spec(wire.INSERT,
+                                         "sequences" if sequences else "transitions")
+        self.checks = messages.Context.from_env(
+            env_spec(topo.env),
+            sequence_length=make_algo_config(topo.algo).sequence_length if sequences else None)
         self.waiting_samples = WaitingSamples(a.max_waiting_per_peer, a.max_waiting)
         self.waiting_insert: tuple[list, wire.Message, int] | None = None
         self._mark = (time.monotonic(), 0, 0)
@@ -139,10 +146,7 @@ class Replay(Node):
     def on_experience(self, envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.INSERT:
             raise wire.ProtocolError(f"experience port takes '{wire.INSERT}', not '{msg.type}'")
-        try:
-            n = self.items.check(msg.arrays)
-        except ValueError as exc:
-            raise wire.ProtocolError(f"insert rejected: {exc}") from None
+        n = messages.check(msg, self.insert_spec, self.checks)["B"]
         if not self.limiter.can_insert(n, self.table.size):
             if self.waiting_insert is not None:  # we stopped reading; cannot normally happen
                 raise wire.ProtocolError("insert arrived while another was waiting")
@@ -169,10 +173,11 @@ class Replay(Node):
         if msg.type != wire.SAMPLE:
             raise wire.ProtocolError(f"sample port takes '{wire.SAMPLE}' or "
                                      f"'{wire.PRIORITIES}', not '{msg.type}'")
-        batch_size = msg.fields.get("batch_size")
-        if type(batch_size) is not int or not 1 <= batch_size <= self.table.capacity:
-            raise wire.ProtocolError(f"sample 'batch_size' must be an int in "
-                                     f"[1, {self.table.capacity}], got {batch_size!r}")
+        messages.check(msg, _SAMPLE, self.checks)
+        batch_size = msg.fields["batch_size"]
+        if batch_size > self.table.capacity:
+            raise wire.ProtocolError(f"sample 'batch_size' must be at most the capacity, "
+                                     f"{self.table.capacity}, got {batch_size}")
         client = msg.fields.get("client")
         if client is not None and type(client) is not str:
             raise wire.ProtocolError(f"sample 'client' must be a str, got {client!r:.40}")
@@ -181,14 +186,8 @@ class Replay(Node):
         self.waiting_samples.add(Request(envelope, batch_size, client))
 
     def _priorities(self, msg: wire.Message) -> None:
-        keys, prios = msg.arrays.get("key"), msg.arrays.get("priority")
-        if keys is None or prios is None or keys.shape != prios.shape or keys.ndim != 1:
-            raise wire.ProtocolError("priorities needs 'key' and 'priority' of one length")
-        if keys.dtype.kind not in "iu" or prios.dtype.kind != "f":
-            raise wire.ProtocolError(f"priorities needs integer 'key' and float 'priority', "
-                                     f"got {keys.dtype} and {prios.dtype}")
-        if not np.all(prios >= 0):
-            raise wire.ProtocolError("priorities must be >= 0")
+        messages.check(msg, _PRIORITIES, self.checks)
+        keys, prios = msg["key"], msg["priority"]
         source = msg.fields.get("source")
         if source is not None and type(source) is not str:
             raise wire.ProtocolError(f"priorities 'source' must be a str, got {source!r:.40}")
@@ -198,8 +197,8 @@ class Replay(Node):
             self.table.stale_priority_updates += int(keys.shape[0])
             return
         try:
-            self.table.update_priorities(keys.astype(np.int64), prios)
-        except ValueError as exc:  # keys we never issued, non-finite priorities
+            self.table.update_priorities(keys, prios)
+        except ValueError as exc:  # keys we never issued
             raise wire.ProtocolError(f"priorities rejected: {exc}") from None
 
     def after_poll(self) -> None:
@@ -322,15 +321,3 @@ def largest_insert(name: str, topo: Topology) -> int:
                       if a.links.get("policy") == f"{spec.name}.policy"]
             largest = max(largest, max(served, default=1) * per_env)
     return largest
-
-
-def item_rules(topo: Topology) -> ItemRules:
-    """What this run's producers must insert: sequences for sequence algorithms (R2D2),
-    n-step transitions otherwise."""
-    spec = env_spec(topo.env)
-    kind = topo.algo.get("kind", "vtrace")
-    sequences = kind in SEQUENCE_ALGOS
-    length = make_algo_config(topo.algo).sequence_length if sequences else None
-    return ItemRules("sequences" if sequences else "transitions", tuple(spec.obs_shape),
-                     np.dtype(spec.obs_dtype), tuple(spec.action_shape),
-                     np.dtype(spec.action_dtype), spec.num_actions, length)

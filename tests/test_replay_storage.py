@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 
 import numpy as np
 import pytest
@@ -562,56 +561,3 @@ def test_waiting_samples_bounded_per_peer_per_client_and_in_all() -> None:
     waiting.add(Request([b"a"], 9))
     waiting.add(Request([b"a"], 10))  # peer a's count restarted after it was dropped
     assert [r.batch_size for r in waiting._queue] == [6, 7, 8, 9, 10]
-
-
-# --------------------------------------------------------------------- insert rules
-def sequence_rules():
-    from zmqrl.replay.items import ItemRules
-
-    return ItemRules("sequences", (2,), np.dtype(np.float32), (), np.dtype(np.int64), 3,
-                     sequence_length=4)
-
-
-def sequences(b: int = 2, length: int = 4, h: int = 5, **override) -> dict[str, np.ndarray]:
-    items = {"obs": np.zeros((b, length + 1, 2), np.float32),
-             "action": np.full((b, length), 2, np.int64),
-             "reward": np.zeros((b, length), np.float32),
-             "done": np.zeros((b, length), bool),
-             "state_h": np.zeros((b, h), np.float32), "state_c": np.zeros((b, h), np.float32),
-             "priority": np.ones(b, np.float32)}
-    items.update(override)
-    return {k: v for k, v in items.items() if v is not None}
-
-
-def test_sequence_insert_rules() -> None:
-    rules = sequence_rules()
-    assert rules.check(sequences()) == 2
-    assert rules.check(sequences(priority=None)) == 2
-    bad = {
-        "'done' must be bool": sequences(done=np.zeros((2, 4), np.float32)),
-        "'action' must be inside the action space": sequences(action=np.full((2, 4), 3)),
-        "'obs' must have shape [B, 5, 2], got [2, 4, 2]": sequences(
-            obs=np.zeros((2, 4, 2), np.float32)),  # L is the algorithm's, 4
-        "'state_c' must have shape [2, 5], got [2, 6]": sequences(
-            state_c=np.zeros((2, 6), np.float32)),
-        "'reward' must be finite": sequences(reward=np.full((2, 4), np.nan, np.float32)),
-        "missing state_h": sequences(state_h=None),
-        "'priority' must be finite and >= 0": sequences(priority=np.full(2, np.inf, np.float32)),
-    }
-    for reason, items in bad.items():
-        with pytest.raises(ValueError, match=re.escape(reason)):
-            rules.check(items)
-
-
-def test_box_actions_must_be_finite_but_may_leave_the_bounds() -> None:
-    from zmqrl.replay.items import ItemRules
-
-    rules = ItemRules("transitions", (3,), np.dtype(np.float32), (2,), np.dtype(np.float32),
-                      None)
-    items = {"obs": np.zeros((1, 3), np.float32), "action": np.full((1, 2), 5.0, np.float32),
-             "reward": np.zeros(1, np.float32), "discount": np.ones(1, np.float32),
-             "next_obs": np.zeros((1, 3), np.float32)}
-    assert rules.check(items) == 1  # the env clips; the policy's own sample is recorded
-    items["action"] = np.full((1, 2), np.nan, np.float32)
-    with pytest.raises(ValueError, match="inside the action space"):
-        rules.check(items)
