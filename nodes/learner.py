@@ -3,7 +3,7 @@
 A learner is a data source x an updater x the algorithm (``zmqrl.learning``), picked
 from the configuration, not from branches here:
 
-* the source, by the algorithm's family (``family_of``): unroll algorithms (vtrace,
+* the source, by the algorithm's family (``topo.algo_config.family``): unroll algorithms (vtrace,
   a2c, ppo) take unrolls on the ``experience`` port (``UnrollInbox``: from an inference
   broker, or from local-policy actors as in IMPALA); replay and sequence algorithms
   (dqn, r2d2) ask the ``replay`` link for batches and send priorities back
@@ -12,8 +12,9 @@ from the configuration, not from branches here:
   gradients there and trains on from the parameters that come back
   (``GradientPush``); ``replicas > 1`` without one are data-parallel replicas that
   average gradients over gloo (``AllReduce``: each trains on ``batch_size / replicas``
-  columns, all hold identical parameters); else the optimizer steps here
-  (``LocalStep``).
+  columns, all hold identical parameters; they pool the unrolls they receive, since
+  producers' round-robin need not split them evenly: ``SharedUnrollInbox``); else
+  the optimizer steps here (``LocalStep``).
 
 This node is the shell around them: its sockets, publishing, checkpoints, metrics.
 
@@ -39,14 +40,14 @@ from typing import Any
 
 import numpy as np
 import torch
-import zmq
 
 from zmqrl import distributed, wire
-from zmqrl.algos import REPLAY_ALGOS, SEQUENCE_ALGOS, make_algo
+from zmqrl.algo_config import SEQUENCE, UNROLL, config_type
+from zmqrl.algos import make_algo
 from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
-from zmqrl.learning.checks import ExperienceSpec
-from zmqrl.learning.sources import ReplayClient, Source, UnrollInbox
+from zmqrl.learning import checks
+from zmqrl.learning.sources import ReplayClient, SharedUnrollInbox, Source, UnrollInbox
 from zmqrl.learning.updaters import AllReduce, GradientPush, LocalStep, Updater
 from zmqrl.models import build_model, pick_device, state_arrays
 from zmqrl.node import Link, Node
@@ -59,15 +60,6 @@ _DATA_PARALLEL_ALGOS = frozenset({"ppo"})
 # show that the replicas hold bitwise identical parameters.
 _DIGEST_EVERY = 2
 _CHECKPOINT_FORMAT = 1
-# An XPUB hands us b"\x01<topic>" for each new subscription (b"\x00..." when one goes).
-_SUBSCRIBE = 1
-
-
-def family_of(kind: str) -> str:
-    """What algorithm ``kind`` learns from: "unroll", "replay" or "sequence"."""
-    if kind in SEQUENCE_ALGOS:
-        return "sequence"
-    return "replay" if kind in REPLAY_ALGOS else "unroll"
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -81,6 +73,7 @@ def params_digest(model: torch.nn.Module) -> str:
 
 class Learner(Node):
     binds = {"experience": "router", "params": "pub"}
+    accepts = {"experience": (wire.UNROLL,)}
     port_hwm = {"params": 4}  # a subscriber that falls behind gets fresh params, not old
     xpub_ports = frozenset({"params"})  # each new subscriber gets the current params at once
     links = {"replay": Link("dealer", required=False),
@@ -102,14 +95,17 @@ class Learner(Node):
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         kind = topo.algo.get("kind", "vtrace")
-        family = family_of(kind)
+        try:
+            family = config_type(kind).family
+        except ValueError:
+            return []  # an unknown algorithm: reported with the algo section
         where = ("nodes", spec.name, "links")
-        if family != "unroll" and "replay" not in spec.links:
+        if family != UNROLL and "replay" not in spec.links:
             return [(where, f"algo '{kind}' learns from a replay: add a 'replay' link")]
-        if family == "unroll" and "replay" in spec.links:
+        if family == UNROLL and "replay" in spec.links:
             return [(where, f"algo '{kind}' learns from unrolls on the 'experience' port; "
                             "remove the 'replay' link")]
-        if family == "unroll" and "param_server" in spec.links:
+        if family == UNROLL and "param_server" in spec.links:
             return [(where, f"a 'param_server' link needs a replay algorithm, not '{kind}'")]
         data_parallel = spec.replicas > 1 and "param_server" not in spec.links
         if data_parallel and kind not in _DATA_PARALLEL_ALGOS:
@@ -127,14 +123,19 @@ class Learner(Node):
     def setup(self) -> None:
         torch.set_num_threads(1)
         topo = self.ctx.topo
-        self.kind = topo.algo.get("kind", "vtrace")
-        self.family = family_of(self.kind)
+        self.cfg = topo.algo_config
+        self.kind, self.family = self.cfg.kind, self.cfg.family
         self.device = pick_device(self.args.device)
-        self.model = build_model(topo.model, env_spec(topo.env), topo.seed).to(self.device)
+        self.env = env_spec(topo.env)
+        self.model = build_model(topo.model, self.env, topo.seed).to(self.device)
+        recurrent = getattr(self.model, "recurrent", False)
+        self.check = checks.context(  # what every message we take in must match
+            self.env, self.model, unroll=getattr(self.cfg, "unroll", None),
+            sequence_length=getattr(self.cfg, "sequence_length", None),
+            state_size=self.model.state_size if recurrent else 0)
         self.updater = self._make_updater()
-        self.algo = make_algo(topo.algo, self.model, **self.updater.algo_options)
+        self.algo = make_algo(self.cfg, self.model, **self.updater.algo_options)
         self.updater.bind(self.algo, self._after_update)
-        self.cfg = self.algo.cfg
         self.source = self._make_source()
         self.updates = 0
         self.last_terms: dict[str, float] = {}
@@ -150,7 +151,7 @@ class Learner(Node):
     def _make_updater(self) -> Updater:
         spec = self.ctx.spec
         if "param_server" in spec.links:  # Gorila: replicas are independent learners
-            return GradientPush(self, self.args.max_pending_grads)
+            return GradientPush(self, self.check, self.args.max_pending_grads)
         if spec.replicas > 1:
             return AllReduce(distributed.rendezvous_address(self.ctx.topo, spec,
                                                             self.ctx.run_dir),
@@ -163,15 +164,15 @@ class Learner(Node):
         return self.ctx.spec.replicas if isinstance(self.updater, AllReduce) else 1
 
     def _make_source(self) -> Source:
-        env = env_spec(self.ctx.topo.env)
-        recurrent = getattr(self.model, "recurrent", False)
-        state_size = self.model.state_size if recurrent else 0
-        if self.family == "unroll":
-            spec = ExperienceSpec(env, unroll=self.cfg.unroll, state_size=state_size)
-            return UnrollInbox(self, spec, self.cfg.batch_size // self.world, self.device)
-        return ReplayClient(self, ExperienceSpec(env, state_size=state_size),
-                            self.cfg.batch_size, self.args.prefetch, self.device,
-                            sequences=self.family == "sequence")
+        if self.family == UNROLL:
+            recurrent = getattr(self.model, "recurrent", False)
+            columns = self.cfg.batch_size // self.world
+            if self.world > 1:  # data-parallel: the replicas pool what they receive
+                return SharedUnrollInbox(self, self.check, columns, self.device,
+                                         self.ctx.replica, self.world, recurrent)
+            return UnrollInbox(self, self.check, columns, self.device, recurrent)
+        return ReplayClient(self, self.check, self.cfg.batch_size, self.args.prefetch,
+                            self.device, sequences=self.family == SEQUENCE)
 
     # ----- messages -------------------------------------------------------------------
     def on_experience(self, envelope: list, msg: wire.Message) -> None:
@@ -195,7 +196,6 @@ class Learner(Node):
 
     # ----- training -------------------------------------------------------------------
     def after_poll(self) -> None:
-        self._answer_new_subscribers()  # before training: they get the version we have now
         self.source.poll()
         while self.updater.ready():
             batch = self.source.next_batch(self.updates)
@@ -216,21 +216,11 @@ class Learner(Node):
         self.send("params", wire.encode(wire.PARAMS, state_arrays(self.model),
                                         version=self.updates, source=self.incarnation))
 
-    def _answer_new_subscribers(self) -> None:
-        """Publish the current parameters once if anyone subscribed since the last turn.
-
-        Subscriptions are coalesced, so a peer that keeps resubscribing costs at most
-        one publish per loop turn; the others ignore a version they already hold."""
-        sock = self.sockets["params"]
-        joined = False
-        for _ in range(1000):
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            joined |= frame[:1] == bytes([_SUBSCRIBE])
-        if joined:
-            self._publish()
+    def on_subscribe(self, port: str) -> None:
+        """Someone subscribed to ``params``: publish the current parameters at once (the
+        runtime coalesces subscriptions, so at most one publish per loop turn; the
+        others ignore a version they already hold)."""
+        self._publish()
 
     # ----- persistence (zmqrl.checkpoint.Saveable) ------------------------------------
     def save_checkpoint(self) -> None:

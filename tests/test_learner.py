@@ -302,3 +302,51 @@ def test_each_param_server_reply_frees_one_gradient_slot(processes, tmp_path, se
     wait_for(lambda: learner.last("pending_grads") == 2 and learner.last("updates") == 1, 5,
              "the metrics to show two gradients pending and one update")
     learner.assert_alive()
+
+
+# ----- data-parallel replicas: uneven round-robin must not stall the group ----------
+def test_data_parallel_replicas_pool_unrolls_that_reached_only_one(
+        processes, tmp_path, client_factory):
+    """Producers' DEALER round-robin need not split unrolls evenly (a replica that binds
+    late or reconnects gets fewer). Here every unroll reaches replica 0: both replicas
+    must still train, on equal shares, into bitwise equal parameters, and a stop of one
+    must stop both cleanly (no replica left waiting in a collective)."""
+    import os
+    import signal
+
+    obs, T, n = 3, 4, 2  # Pendulum-v1: Box observations [3], actions [1]
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "dp-test", "env": {"id": "Pendulum-v1"}, "model": {"kind": "mlp", "hidden": [8]},
+        "algo": {"kind": "ppo", "unroll": T, "batch_size": 4, "epochs": 1, "minibatches": 1,
+                 "light_adam": True},
+        "nodes": {"learner": {"kind": "learner", "replicas": 2,
+                              "args": {"device": "cpu", "checkpoint_every": 0}}}}))
+    run_dir = tmp_path / "run"
+    procs = [processes.zmqrl("node", str(path), "learner", "--replica", str(r), "--run-dir",
+                             str(run_dir), log=tmp_path / f"learner.{r}.log") for r in (0, 1)]
+    endpoints = Endpoints(load(path), run_dir)
+    client = client_factory(endpoints.bind_address("learner", "experience", 0))
+    assert client.request(wire.encode(wire.PING), timeout=90).type == wire.PONG
+    rng = np.random.default_rng(0)
+    for _ in range(4):  # 4 x 2 columns: two updates of 2 + 2 columns
+        frames = wire.encode(wire.UNROLL, {
+            "obs": rng.normal(size=(T + 1, n, obs)).astype(np.float32),
+            "action": rng.normal(size=(T, n, 1)).astype(np.float32),
+            "logp": np.full((T, n), -1.0, np.float32),
+            "reward": rng.normal(size=(T, n)).astype(np.float32),
+            "done": np.zeros((T, n), bool)}, version=0)
+        assert client.request(frames).type == wire.CREDIT
+
+    def digests() -> list[str]:
+        rows = [read_csv(run_dir / "metrics" / f"learner.{r}.csv") for r in (0, 1)]
+        return [next((row["params_digest"] for row in reversed(rs)
+                      if row.get("digest_updates") == "2"), "") for rs in rows]
+
+    wait_for(lambda: all(digests()), 60, "both replicas to make two updates")
+    first, second = digests()
+    assert first == second, "the replicas' parameters differ"
+    os.killpg(procs[0].pid, signal.SIGTERM)  # one replica stops: both must, cleanly
+    for r, proc in enumerate(procs):
+        assert proc.wait(timeout=30) == 0, (tmp_path / f"learner.{r}.log").read_text()[-3000:]
+        assert (run_dir / "checkpoints" / f"learner.{r}.pt").exists()

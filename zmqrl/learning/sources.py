@@ -27,13 +27,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from zmqrl import wire
+from zmqrl import messages, wire
 from zmqrl.learning.checks import (
     SEQUENCE_KEYS,
     STATE_KEYS,
     TRANSITION_KEYS,
     UNROLL_KEYS,
-    ExperienceSpec,
     check_batch,
     check_unroll,
 )
@@ -76,14 +75,15 @@ class UnrollInbox:
     outboxes (credit: backpressure, nothing dropped).
     """
 
-    def __init__(self, node: Any, spec: ExperienceSpec, columns: int,
-                 device: torch.device, port: str = "experience"):
+    def __init__(self, node: Any, check: messages.Context, columns: int,
+                 device: torch.device, recurrent: bool = False, port: str = "experience"):
         self.node = node
-        self.spec = spec
+        self.check = check
+        self.recurrent = recurrent  # unrolls carry the state they began with (lstm_ac)
         self.columns = columns
         self.device = device
         self.port = port
-        self.keys = UNROLL_KEYS + (STATE_KEYS if spec.state_size else ())
+        self.keys = UNROLL_KEYS + (STATE_KEYS if recurrent else ())
         # (arrays of self.keys [T(+1), n, ...], parameter version that acted) per unroll
         self.queue: deque[tuple[dict[str, np.ndarray], int]] = deque()
         self.queued_columns = 0
@@ -96,7 +96,8 @@ class UnrollInbox:
         if msg.type != wire.UNROLL:
             raise wire.ProtocolError(f"{self.port} port takes '{wire.UNROLL}', "
                                      f"not '{msg.type}'")
-        n = check_unroll(msg, self.spec)  # everything, before we count, store or credit
+        # everything, before we count, store or credit
+        n = check_unroll(msg, self.check, self.recurrent)
         self.env_steps += msg["action"].shape[0] * n
         if "ep_return" in msg.arrays:
             self.episodes.add(msg["ep_return"], msg["ep_length"])
@@ -110,8 +111,13 @@ class UnrollInbox:
     def next_batch(self, version: int) -> Batch | None:
         if self.queued_columns < self.columns:
             return None
+        arrays = self._take(self.columns, version)
+        return Batch({k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()})
+
+    def _take(self, columns: int, version: int) -> dict[str, np.ndarray]:
+        """The first ``columns`` queued env columns, [T(+1), columns, ...] per key."""
         parts: list[dict[str, np.ndarray]] = []
-        need = self.columns
+        need = columns
         while need:
             arrays, acted = self.queue[0]
             n = arrays["action"].shape[1]
@@ -123,10 +129,8 @@ class UnrollInbox:
                 self.queue[0] = ({k: v[:, need:] for k, v in arrays.items()}, acted)
             self.lags.append(version - acted)
             need -= min(n, need)
-        self.queued_columns -= self.columns
-        tensors = {k: torch.from_numpy(np.concatenate([p[k] for p in parts], axis=1))
-                   .to(self.device) for k in self.keys}
-        return Batch(tensors)
+        self.queued_columns -= columns
+        return {k: np.concatenate([p[k] for p in parts], axis=1) for k in self.keys}
 
     def done(self, batch: Batch, priorities: torch.Tensor | None) -> None:
         pass  # unrolls are trained on once; nothing goes back
@@ -170,6 +174,90 @@ class UnrollInbox:
         self._rate_mark = (time.monotonic(), self.env_steps)
 
 
+class SharedUnrollInbox(UnrollInbox):
+    """The inbox of data-parallel replicas (rank ``rank`` of ``world``), which pool
+    what they receive so that each trains on exactly ``columns`` columns per update.
+
+    Producers spread unrolls over the replicas by DEALER round-robin, and that need not
+    be even: a replica that binds late or reconnects gets fewer (the link sends only to
+    connected peers), and the phase shifts whenever a rollout is not a multiple of the
+    replicas. Left alone, one replica would then hold a full batch, start its update
+    and block in the gradient allreduce while the other has nothing to train on.
+
+    So every loop turn the replicas exchange, in one small allreduce, how many columns
+    each holds and whether one is stopping. When together they hold a full batch, each
+    contributes in rank order, the columns are all-gathered and replica r trains on
+    slice r. Every decision is a function of the exchanged numbers, so all replicas make
+    the same collective calls in the same order; a stop on one stops all at the same
+    point (each then writes its checkpoint at the same update).
+    """
+
+    def __init__(self, node: Any, check: messages.Context, columns: int,
+                 device: torch.device, rank: int, world: int, recurrent: bool = False):
+        super().__init__(node, check, columns, device, recurrent)
+        self.rank, self.world = rank, world
+        T, H = check.dims["T"], check.dims.get("H", 0)
+        obs, action = tuple(check.obs_shape or ()), tuple(check.action_shape or ())
+        f32 = np.dtype(np.float32)
+        # (leading dim, trailing dims) and dtype of each key, as messages declares them
+        self.layout: dict[str, tuple[tuple[int, ...], np.dtype]] = {
+            "obs": ((T + 1, *obs), np.dtype(check.obs_dtype)),
+            "action": ((T, *action), np.dtype(check.action_dtype or np.float32)),
+            "logp": ((T,), f32), "reward": ((T,), f32), "done": ((T,), np.dtype(np.bool_)),
+            "state_h": ((1, H), f32), "state_c": ((1, H), f32),
+        }
+
+    def _exchange(self) -> tuple[list[int], bool]:
+        import torch.distributed as dist
+
+        mine = torch.zeros(2 * self.world, dtype=torch.int64)
+        mine[2 * self.rank] = self.queued_columns
+        mine[2 * self.rank + 1] = int(self.node.stopping)
+        dist.all_reduce(mine)
+        return mine[0::2].tolist(), bool(mine[1::2].any())
+
+    def next_batch(self, version: int) -> Batch | None:
+        counts, stopping = self._exchange()
+        if stopping:  # one replica stops: all stop here, none left in a collective
+            self.node.stopping = True
+            return None
+        total = self.columns * self.world
+        if sum(counts) < total:
+            return None
+        shares, need = [], total
+        for count in counts:  # rank order
+            shares.append(min(count, need))
+            need -= shares[-1]
+        mine = self._take(shares[self.rank], version) if shares[self.rank] else {}
+        lo = self.rank * self.columns
+        tensors = {}
+        for k in self.keys:
+            joined = _all_gather_columns(mine.get(k), shares, self.rank, *self.layout[k])
+            tensors[k] = torch.from_numpy(joined[:, lo:lo + self.columns]).to(self.device)
+        return Batch(tensors)
+
+
+def _all_gather_columns(local: np.ndarray | None, shares: list[int], rank: int,
+                        shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Every rank's ``local`` [lead, shares[r], *rest] joined along the env axis in rank
+    order. ``shape`` is (lead, *rest) and ``dtype`` the array's (declared, so every rank
+    knows them even when it contributes nothing); padded to the widest share, because
+    the collective needs equal sizes."""
+    import torch.distributed as dist
+
+    width = max(shares)
+    wire_dtype = np.dtype(np.uint8) if dtype == np.bool_ else dtype  # gloo has no bool
+    padded = np.zeros((shape[0], width, *shape[1:]), wire_dtype)
+    if shares[rank]:
+        padded[:, :shares[rank]] = local
+    mine = torch.from_numpy(padded)
+    out = [torch.empty_like(mine) for _ in shares]
+    dist.all_gather(out, mine)
+    joined = np.concatenate([o.numpy()[:, :n] for o, n in zip(out, shares, strict=True)],
+                            axis=1)
+    return joined.astype(dtype, copy=False)
+
+
 class ReplayClient:
     """Batches from the replay behind DEALER link ``link`` of ``node``.
 
@@ -181,10 +269,10 @@ class ReplayClient:
     and still answers its request, so we keep asking.
     """
 
-    def __init__(self, node: Any, spec: ExperienceSpec, batch_size: int, prefetch: int,
+    def __init__(self, node: Any, check: messages.Context, batch_size: int, prefetch: int,
                  device: torch.device, sequences: bool = False, link: str = "replay"):
         self.node = node
-        self.spec = spec
+        self.check = check
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.device = device
@@ -201,7 +289,7 @@ class ReplayClient:
         self.node.expect_reply(msg, wire.BATCH, "the replay")
         self.in_flight = max(0, self.in_flight - 1)  # answered, good or bad
         try:
-            check_batch(msg, self.spec, self.sequences)
+            check_batch(msg, self.check, self.sequences)
         except wire.ProtocolError:
             self.rejected += 1
             raise

@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
-from zmqrl import distributed, wire
+from zmqrl import distributed, messages, wire
+from zmqrl.learning.checks import check_params
 from zmqrl.learning.connection import DisconnectWatch
 from zmqrl.models import load_state_arrays
 
@@ -107,10 +107,12 @@ class GradientPush:
 
     algo_options: dict[str, Any] = {}
 
-    def __init__(self, node: Any, max_pending: int, link: str = "param_server"):
+    def __init__(self, node: Any, check: messages.Context, max_pending: int,
+                 link: str = "param_server"):
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.node = node
+        self.check = check  # knows the model's tensors: what a reply must carry
         self.link = link
         self.max_pending = max_pending
         self.pending = 0  # gradients sent, not yet answered
@@ -124,7 +126,6 @@ class GradientPush:
         self.algo, self.on_update = algo, on_update
         self.model: torch.nn.Module = algo.model
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        self.shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
 
     def ready(self) -> bool:
         self.poll()
@@ -141,14 +142,7 @@ class GradientPush:
     def on_reply(self, msg: wire.Message) -> None:
         self.node.expect_reply(msg, wire.PARAMS, "the parameter server")
         self.pending = max(0, self.pending - 1)  # it answers one gradient, not all
-        version = msg.fields.get("version")
-        if type(version) is not int or version < 0:
-            raise wire.ProtocolError(f"params 'version' must be an int >= 0, got {version!r}")
-        shapes = {k: tuple(v.shape) for k, v in msg.arrays.items()}
-        if shapes != self.shapes:
-            raise wire.ProtocolError("params do not match the model's tensors")
-        if not all(np.isfinite(v).all() for v in msg.arrays.values() if v.dtype.kind == "f"):
-            raise wire.ProtocolError("params hold NaN or infinite values")
+        check_params(msg, self.check)
         self._latest = msg
         self._answered += 1
 
