@@ -524,17 +524,6 @@ class _Checker:
     def __call__(self, msg: wire.Message) -> dict[str, Any]:
         if msg.type != self.t:
             raise wire.ProtocolError(f"expected '{self.t}', got '{msg.type}'")
-        fields = msg.fields
-        for name, types, tname, required, rule in self.fields:
-            value = fields.get(name)
-            if value is None:
-                if required:
-                    self._fail(f"needs field '{name}' ({tname})")
-                continue
-            if type(value) not in types:
-                self._fail(f"field '{name}' must be {tname}, got {value!r:.40}")
-            if rule is not None and not _rule_ok(rule, value):
-                self._fail(f"field '{name}' must be {RULES[rule]}, got {value!r:.40}")
         arrays = msg.arrays
         if self.closed and not arrays.keys() <= self.names:
             extra = sorted(arrays.keys() - self.names)
@@ -567,6 +556,18 @@ class _Checker:
             self._constraint(c, arrays)
         if self.tensors is not None:
             self._check_tensors(arrays)
+        # Fields after arrays: a message wrong in both is told about its data first.
+        fields = msg.fields
+        for name, types, tname, required, rule in self.fields:
+            value = fields.get(name)
+            if value is None:
+                if required:
+                    self._fail(f"needs field '{name}' ({tname})")
+                continue
+            if type(value) not in types:
+                self._fail(f"field '{name}' must be {tname}, got {value!r:.40}")
+            if rule is not None and not _rule_ok(rule, value):
+                self._fail(f"field '{name}' must be {RULES[rule]}, got {value!r:.40}")
         return bound
 
     @staticmethod
