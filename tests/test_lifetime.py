@@ -96,8 +96,8 @@ def test_a_run_is_refused_beside_a_leftover_node(processes, tmp_path):
                               log=tmp_path / "learner.log")
     wait_for(lambda: "up (incarnation" in (tmp_path / "learner.log").read_text(), 60,
              "the learner to be up")
-    up = subprocess.run([sys.executable, "-m", "zmqrl.cli", "up", "--resume", str(run_dir)],
-                        capture_output=True, text=True, timeout=60)
+    up = subprocess.run([sys.executable, "-m", "zmqrl.cli", "up", str(topo), "--resume",
+                         str(run_dir)], capture_output=True, text=True, timeout=60)
     assert up.returncode == 2, up.stderr
     assert f"learner (pid {learner.pid})" in up.stderr
     again = subprocess.run([sys.executable, "-m", "zmqrl.cli", "node", str(topo), "learner",

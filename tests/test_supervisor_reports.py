@@ -78,9 +78,10 @@ def test_steps_of_actors_the_supervisor_did_not_start_count(processes, tmp_path)
     run_dir, log = tmp_path / "run", tmp_path / "up.log"
     proc = processes.zmqrl("up", str(topo), "--run-dir", str(run_dir), "--max-steps", "6000",
                            log=log)
-    actor_log = run_dir / "logs" / "actor.log"
-    wait_for(lambda: actor_log.exists() and "up (incarnation" in actor_log.read_text(), 60,
-             "our actor to be up")
+    # Once our actor has reported steps, the supervisor counts actors' reports...
+    wait_for(lambda: any(int(r["env_steps"]) > 0 for r in
+                         read_csv(run_dir / "metrics" / "actor.csv")), 60,
+             "our actor to report steps")
     ours = _pid_of(run_dir, "actor")
     os.kill(ours, signal.SIGSTOP)  # from now on only the foreign actor steps
     try:
