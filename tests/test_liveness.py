@@ -145,8 +145,8 @@ def test_paused_learner_holds_every_producer_at_its_credit(processes, tmp_path):
         os.kill(learner, signal.SIGCONT)
     assert float(still["time_s"]) - float(frozen["time_s"]) >= 10
     # Credit: not one unroll sent while the learner could not consume, not one env step.
-    assert still["experience_sent"] == frozen["experience_sent"], (frozen, still)
     assert still["env_steps"] == frozen["env_steps"], "the actors kept stepping"
+    assert still["experience_sent"] == frozen["experience_sent"], (frozen, still)
     assert int(still["outbox"]) <= 2  # max_outbox: what waits is bounded too
     # 32 MiB leaves room for allocator noise; a queue of unrolls would pass it in seconds.
     for label in others:
