@@ -105,3 +105,28 @@ def test_req_clients_are_served_too(broker):
         assert wire.decode(req.recv_multipart()).type == wire.ACT
     finally:
         req.close()
+
+
+def test_recurrent_broker_rejects_dones_that_are_not_bool(tmp_path, processes, client_factory):
+    """The defect: with ``lstm_ac`` the broker took ``done`` of any dtype — float crashed
+    it, and integers were used as indices and zeroed the wrong envs' LSTM state. ``done``
+    is bool [n] by declaration now: anything else is an error reply, and the connection's
+    state is untouched (its next good steps are served as before)."""
+    topo_path = write_topology(tmp_path, model={"kind": "lstm_ac", "hidden": [16], "lstm": 8})
+    run_dir = tmp_path / "run"
+    proc = processes.zmqrl("node", str(topo_path), "broker", "--run-dir", str(run_dir),
+                           log=tmp_path / "broker.log")
+    client = client_factory(Endpoints(load(topo_path), run_dir).bind_address("broker", "policy", 0))
+    assert client.request(wire.encode(wire.PING), timeout=60).type == wire.PONG
+    assert client.request(good_step(seq=1)).type == wire.ACT
+    for seq, done in enumerate((np.array([1.0, 0.0, 0.0], np.float32),
+                                np.array([2, 0, 0], np.int64),
+                                np.array([1, 0, 0], np.uint8)), start=2):
+        bad = wire.encode(wire.STEP, {"obs": np.zeros((3, 4), np.float32),
+                                      "reward": np.zeros(3, np.float32), "done": done}, seq=seq)
+        reply = client.request(bad)
+        assert reply.type == wire.ERROR and "'done' must be bool" in reply.fields["error"], \
+            reply.fields
+        act = client.request(good_step(seq=10 + seq))
+        assert act.type == wire.ACT and act.fields["seq"] == 10 + seq
+    assert proc.poll() is None, "the broker died"
