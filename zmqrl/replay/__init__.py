@@ -2,11 +2,14 @@
 
 :class:`ReplayTable` stores items and samples them (uniform, prioritized, fifo),
 :class:`SumTree` backs the prioritized sampler, and :class:`RateLimiter` decides
-when inserts and samples may proceed. The replay node wraps these behind sockets.
+when inserts and samples may proceed, and :class:`WaitingSamples` holds the sample
+requests it refuses (bounded). The replay node wraps these behind sockets.
 """
 
 from zmqrl.replay.rate_limiter import RateLimiter
 from zmqrl.replay.sum_tree import SumTree
 from zmqrl.replay.table import ReplayTable, Sample, SamplerKind
+from zmqrl.replay.waiting import Request, WaitingSamples
 
-__all__ = ["RateLimiter", "ReplayTable", "Sample", "SamplerKind", "SumTree"]
+__all__ = ["RateLimiter", "ReplayTable", "Request", "Sample", "SamplerKind", "SumTree",
+           "WaitingSamples"]

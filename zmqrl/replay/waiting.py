@@ -31,10 +31,10 @@ class Request:
     batch_size: int
     client: str | None = None
     since: float = field(default_factory=time.monotonic)
+    peer: tuple[bytes, ...] = field(init=False)  # the envelope as a dict key
 
-    @property
-    def peer(self) -> tuple[bytes, ...]:
-        return tuple(bytes(f) for f in self.envelope)
+    def __post_init__(self) -> None:
+        self.peer = tuple(bytes(f) for f in self.envelope)
 
 
 class WaitingSamples:
