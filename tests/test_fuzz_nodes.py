@@ -185,6 +185,14 @@ def actions(shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
     return st.one_of(valid, valid, valid, arrays("int64", shape))
 
 
+def discounts(shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
+    """Mostly discounts in [0, 1] (so inserts get past validation into the replay), and
+    sometimes any float32."""
+    valid = st.integers(0, 2**32 - 1).map(
+        lambda seed: np.random.default_rng(seed).random(shape, np.float32))
+    return st.one_of(valid, valid, valid, arrays("float32", shape))
+
+
 @st.composite
 def valid_message(draw: st.DrawFn, msg_type: str) -> list:
     """One message of ``msg_type`` as the protocol describes it (values aside)."""
@@ -213,7 +221,7 @@ def valid_message(draw: st.DrawFn, msg_type: str) -> list:
         return wire.encode(wire.UNROLL, a, version=draw(st.integers(0, 100)))
     if msg_type == "insert":
         a = {"obs": draw(arrays("float32", (n, OBS))), "action": draw(actions((n,))),
-             "reward": draw(arrays("float32", (n,))), "discount": draw(arrays("float32", (n,))),
+             "reward": draw(arrays("float32", (n,))), "discount": draw(discounts((n,))),
              "next_obs": draw(arrays("float32", (n, OBS)))}
         if draw(st.booleans()):
             a["priority"] = draw(arrays("float32", (n,)))

@@ -270,8 +270,8 @@ def test_protocol_doc_holds_the_generated_tables():
     block = text.split(BEGIN)[1].split(END)[0].strip("\n") + "\n"
     assert block == messages.markdown(), (
         "docs/protocol.md's message tables differ from zmqrl/messages.py: regenerate them "
-        "with `python -m zmqrl.messages` and paste the output between the markers "
-        f"{BEGIN} and {END}")
+        "with `python -m zmqrl.messages --write docs/protocol.md` (it replaces what stands "
+        f"between the markers {BEGIN} and {END})")
 
 
 def test_the_module_prints_the_tables():

@@ -226,6 +226,8 @@ _UNROLL_ARRAYS = (
     Array("done", "bool", ("T", "n"),
           doc="`action[t]` ended its episode; `obs[t+1]` then starts a new one"),
 )
+_REPLAY_SOURCE = Field("source", "str", False,
+                       doc="the replay's incarnation (its keys mean nothing to another)")
 _VERSION = Field("version", "int", rule="nonneg",
                  doc="parameter version that chose the block's first action")
 
@@ -312,14 +314,22 @@ MESSAGES: tuple[MessageSpec, ...] = (
         wire.SAMPLE, "Ask for a batch; the reply may come much later.",
         "learner → replay `sample`",
         fields=(Field("batch_size", "int", rule="positive",
-                      doc="items wanted (at most the replay's capacity)"),)),
+                      doc="items wanted (at most the replay's capacity)"),
+                Field("client", "str", False,
+                      doc="the asking process; its requests from older connections are "
+                          "dropped"))),
     MessageSpec(wire.BATCH, "Sampled transitions.", "replay → learner",
-                variant="transitions", arrays=_transitions(*_BATCH_HEAD)),
+                variant="transitions", fields=(_REPLAY_SOURCE,),
+                arrays=_transitions(*_BATCH_HEAD)),
     MessageSpec(wire.BATCH, "Sampled sequences.", "replay → learner",
-                variant="sequences", arrays=_sequences(*_BATCH_HEAD)),
+                variant="sequences", fields=(_REPLAY_SOURCE,),
+                arrays=_sequences(*_BATCH_HEAD)),
     MessageSpec(
         wire.PRIORITIES, "New priorities for sampled items; no reply on success.",
         "learner → replay `sample`",
+        fields=(Field("source", "str", False,
+                      doc="the `source` of the batch the keys came from: priorities for "
+                          "another replay incarnation's keys are skipped, not applied"),),
         arrays=(Array("key", "int64", ("m",), doc="keys from `batch` messages"),
                 Array("priority", "float32", ("m",), rules=("nonneg",),
                       doc="new raw priorities"))),
@@ -690,5 +700,21 @@ def markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def write_into(path: str) -> None:
+    """Replace the tables between the markers of ``path`` (docs/protocol.md) with the
+    generated ones."""
+    begin, end = "<!-- messages:begin -->", "<!-- messages:end -->"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{begin}\n{markdown()}{end}{tail}")
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown())
+    # python -m zmqrl.messages: print the tables; --write docs/protocol.md: update them
+    if sys.argv[1:2] == ["--write"]:
+        write_into(sys.argv[2])
+    else:
+        sys.stdout.write(markdown())
