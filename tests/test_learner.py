@@ -350,3 +350,49 @@ def test_data_parallel_replicas_pool_unrolls_that_reached_only_one(
     for r, proc in enumerate(procs):
         assert proc.wait(timeout=30) == 0, (tmp_path / f"learner.{r}.log").read_text()[-3000:]
         assert (run_dir / "checkpoints" / f"learner.{r}.pt").exists()
+
+
+# ----- Gorila: the target network follows the server's version ----------------------
+def test_gorila_target_network_follows_the_servers_version():
+    """Two learners each see about half the server's updates: a target copy every
+    ``target_update_every`` of *their own* replies would come twice as late as the
+    algorithm says. It follows the version in the server's replies instead."""
+    import logging
+
+    import torch
+
+    from zmqrl.algos import make_algo
+    from zmqrl.learning.checks import context
+    from zmqrl.learning.updaters import GradientPush
+
+    env = env_spec({"id": "CartPole-v1"})
+    model = build_model(Q_MODEL, env, seed=0)
+    algo = make_algo({"kind": "dqn", "batch_size": BATCH, "target_update_every": 4}, model)
+
+    class Node:  # what GradientPush uses of a node: a socket, send, expect_reply, log
+        log = logging.getLogger("test")
+        sockets = {"param_server": zmq.Context.instance().socket(zmq.DEALER)}
+        expect_reply = staticmethod(lambda msg, t, peer: None)
+
+    push = GradientPush(Node(), context(env, model), max_pending=2)
+    updates = []
+    push.bind(algo, lambda: updates.append(1))
+    server = build_model(Q_MODEL, env, seed=1)  # other parameters than ours
+
+    def target_equals(m: torch.nn.Module) -> bool:
+        theirs = m.state_dict()
+        return all(torch.equal(v, theirs[k]) for k, v in algo.target_model.state_dict().items())
+
+    try:
+        for version in (2, 3):  # the other learner's replies took versions 1 and ...
+            push.on_reply(wire.decode(wire.encode(wire.PARAMS, state_arrays(server),
+                                                  version=version)))
+            push.poll()
+            assert not target_equals(server), f"target copied at server version {version}"
+        push.on_reply(wire.decode(wire.encode(wire.PARAMS, state_arrays(server), version=5)))
+        push.poll()  # crossed 4: copied, although this learner saw only 3 replies
+        assert target_equals(server) and target_equals(model)
+        assert len(updates) == 3 and algo.updates == 5
+    finally:
+        push.close()
+        Node.sockets["param_server"].close()
