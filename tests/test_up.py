@@ -167,21 +167,24 @@ def test_pipelined_lanes_are_separate_connections(processes, tmp_path):
 
 
 def _procfile_node_pids(app: Path, node: str, replica: int) -> tuple[list[int], list[int]]:
-    """(watchdogs, node processes) that honcho started in ``app`` for one Procfile line."""
-    watchdogs, nodes = [], []
+    """(watchdogs, node processes) that honcho started in ``app`` for one Procfile line:
+    the node process is the innermost one running the line's node (without a watchdog,
+    the only one)."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             cwd = os.readlink(entry / "cwd")
-        except OSError:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if cwd != str(app) or f" node topologies/seed.yaml {node} --replica {replica} " \
-                not in cmdline or cmdline.startswith("/bin/sh"):
-            continue
-        (watchdogs if "--restart-in-process" in cmdline else nodes).append(int(entry.name))
-    return watchdogs, nodes
+        if cwd == str(app) and f" node topologies/seed.yaml {node} --replica {replica} " \
+                in cmdline and not cmdline.startswith("/bin/sh"):
+            parents[int(entry.name)] = ppid
+    nodes = [pid for pid in parents if pid not in parents.values()]
+    return [pid for pid in parents if pid not in nodes], nodes
 
 
 @pytest.mark.skipif(not Path(sys.executable).with_name("honcho").exists(),
