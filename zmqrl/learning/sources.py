@@ -217,7 +217,14 @@ class SharedUnrollInbox(UnrollInbox):
         return mine[0::2].tolist(), bool(mine[1::2].any())
 
     def next_batch(self, version: int) -> Batch | None:
-        counts, stopping = self._exchange()
+        try:
+            counts, stopping = self._exchange()
+        except RuntimeError:
+            # A peer that left the group: after a stop signal that reached it between
+            # two exchanges (we were told to stop too, and are stopping), else a crash.
+            if self.node.stopping:
+                return None
+            raise
         if stopping:  # one replica stops: all stop here, none left in a collective
             self.node.stopping = True
             return None
@@ -319,11 +326,14 @@ class ReplayClient:
 
     def lost(self) -> None:
         """The replay lost our requests: a fresh socket (late replies to the old ones
-        cannot arrive), and the next :meth:`poll` asks again."""
+        cannot arrive), and the next :meth:`poll` asks again. Batches of the old
+        connection are dropped too: a restarted replay may not know their keys, and
+        their priorities would only earn an ``error``."""
         self.watch.close()
         self.node.reopen(self.link)
         self.watch.attach(self.node.sockets[self.link])
         self.in_flight = 0
+        self.batches.clear()
         self.reconnects += 1
 
     def metrics(self) -> dict[str, Any]:
