@@ -6,12 +6,15 @@
 Each run is `zmqrl up T --target-return R --max-seconds S --set seed=N` in a fresh
 process; wall time is measured around it, so process start-up is included. Prints one
 markdown row per topology: median wall time and env steps over the seeds that reached
-the target, how many did, env steps/s, and the command.
+the target, how many did, env steps/s, and per run the machine's mean load average
+over the run (sampled every 5 s; the run's own processes count too: on a shared
+machine it says how comparable runs are).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -31,12 +34,21 @@ def run(topology: str, seed: int, target: float, max_seconds: float,
         for override in overrides:
             cmd += ["--set", override]
         start = time.monotonic()
-        out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
+        loads = []
+        while True:
+            try:
+                out = proc.communicate(timeout=5)[0]
+                break
+            except subprocess.TimeoutExpired:
+                loads.append(os.getloadavg()[0])
         wall = time.monotonic() - start
     final = FINAL.findall(out)[-1]
     return {"reached": "target return" in out, "wall_s": wall,
             "env_steps": int(final[0].replace(",", "")),
-            "steps_per_s": int(final[1].replace(",", "")), "return_100": final[2]}
+            "steps_per_s": int(final[1].replace(",", "")), "return_100": final[2],
+            "load": statistics.mean(loads) if loads else os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -49,14 +61,14 @@ def main() -> None:
                         metavar="KEY=VALUE", help="topology override, as for zmqrl up")
     args = parser.parse_args()
     print("| topology | reached | wall time to target (median) | env steps to target (median) "
-          "| env steps/s | runs (wall s / env steps / final return(100)) |")
+          "| env steps/s | runs (wall s / env steps / final return(100) / load avg) |")
     print("|---|---|---|---|---|---|")
     for topology in args.topologies:
         runs = [run(topology, seed, args.target, args.max_seconds, args.overrides)
                 for seed in args.seeds]
         ok = [r for r in runs if r["reached"]]
-        detail = "; ".join(f"{r['wall_s']:.1f} / {r['env_steps']:,} / {r['return_100']}"
-                           for r in runs)
+        detail = "; ".join(f"{r['wall_s']:.1f} / {r['env_steps']:,} / {r['return_100']} / "
+                           f"{r['load']:.1f}" for r in runs)
         wall = f"{statistics.median(r['wall_s'] for r in ok):.1f} s" if ok else "—"
         steps = f"{statistics.median(r['env_steps'] for r in ok):,.0f}" if ok else "—"
         rate = statistics.median(r["steps_per_s"] for r in runs)
