@@ -141,7 +141,7 @@ def servers() -> Iterator[list[Server]]:
         server.close()
 
 
-def batch(**bad: np.ndarray) -> list:
+def batch(fields: dict | None = None, **bad: np.ndarray) -> list:
     rng = np.random.default_rng(0)
     arrays = {"obs": rng.normal(size=(BATCH, OBS)).astype(np.float32),
               "action": rng.integers(0, 2, BATCH).astype(np.int64),
@@ -150,7 +150,7 @@ def batch(**bad: np.ndarray) -> list:
               "next_obs": rng.normal(size=(BATCH, OBS)).astype(np.float32),
               "key": np.arange(BATCH, dtype=np.int64),
               "weight": np.ones(BATCH, np.float32)}
-    return wire.encode(wire.BATCH, {**arrays, **bad})
+    return wire.encode(wire.BATCH, {**arrays, **bad}, **(fields or {}))
 
 
 def unroll(n: int = 4, version: Any = 0, **extra: np.ndarray) -> list:
@@ -221,11 +221,11 @@ def test_bad_batches_are_rejected_and_the_learner_keeps_asking(processes, tmp_pa
         assert msg.type == wire.SAMPLE, msg.type
         replay.reply(envelope, frames)
     envelope, msg = replay.recv(10)
-    assert msg.type == wire.SAMPLE
-    replay.reply(envelope, batch())
-    # Trained on the good one: its priorities come back, and the learner asks on.
-    types = {m.type for _, m in replay.collect(3, "priorities")}
-    assert types == {wire.PRIORITIES}
+    assert msg.type == wire.SAMPLE and msg.fields.get("client") == "learner"
+    replay.reply(envelope, batch({"source": "replay-incarnation-1"}))
+    # Trained on the good one: its priorities come back, naming the keys' source.
+    got = replay.collect(3, wire.PRIORITIES)
+    assert [m.fields.get("source") for _, m in got] == ["replay-incarnation-1"]
     wait_for(lambda: learner.last("updates") >= 1 and learner.last("bad_messages") == len(bad)
              and learner.last("batches_rejected") == len(bad), 10,
              "the metrics to show the update and the rejected batches")

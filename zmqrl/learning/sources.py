@@ -46,6 +46,7 @@ class Batch:
 
     tensors: dict[str, torch.Tensor]
     keys: np.ndarray | None = None  # replay keys, for the new priorities
+    source: str | None = None  # the replay incarnation that issued the keys
 
 
 class Source(Protocol):
@@ -309,19 +310,27 @@ class ReplayClient:
         msg = self.batches.popleft()
         tensors = {k: torch.from_numpy(np.array(msg[k])).to(self.device) for k in self.keys}
         tensors["weights"] = torch.from_numpy(np.array(msg["weight"])).to(self.device)
-        return Batch(tensors, keys=msg["key"])
+        source = msg.fields.get("source")
+        return Batch(tensors, keys=msg["key"], source=source if type(source) is str else None)
 
     def done(self, batch: Batch, priorities: torch.Tensor | None) -> None:
         if priorities is not None:
+            # The batch's source goes back with its keys: a restarted replay, which may
+            # issue the same keys for other items, then skips them instead of erring.
+            extra = {"source": batch.source} if batch.source is not None else {}
             self.node.send(self.link, wire.encode(wire.PRIORITIES, {
-                "key": batch.keys, "priority": priorities.numpy().astype(np.float32)}))
+                "key": batch.keys, "priority": priorities.numpy().astype(np.float32)},
+                **extra))
 
     def poll(self) -> None:
         if self.watch.dropped():
             self.node.log.warning("connection to the replay dropped; asking again")
             self.lost()
         while self.in_flight < self.prefetch:
-            self.node.send(self.link, wire.encode(wire.SAMPLE, batch_size=self.batch_size))
+            # client: our label, the same after a reconnect or restart, so the replay
+            # replaces what an earlier connection of ours still has waiting there
+            self.node.send(self.link, wire.encode(wire.SAMPLE, batch_size=self.batch_size,
+                                                  client=self.node.ctx.label))
             self.in_flight += 1
 
     def lost(self) -> None:
