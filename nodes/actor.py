@@ -113,10 +113,8 @@ class Actor(Node):
         self.env_steps += len(action)
         reward = reward.astype(np.float32, copy=False)
         returns, lengths = episodes.step(reward, terminated | truncated)
-        if len(returns):
+        if len(returns):  # this actor's own metrics; the run's return: see the drivers
             self.returns.add(returns, lengths)
-            if self.reports_returns:
-                self.episode_log.extend(returns.tolist())
         scaler = self.reward_scalers.get(id(env))
         if scaler is not None:
             reward = scaler(reward, terminated | truncated)
@@ -144,9 +142,6 @@ class Actor(Node):
 
     def on_param_server(self, _envelope: list, msg: wire.Message) -> None:
         self.driver.on_param_server(msg)
-
-    def on_experience(self, envelope: list, msg: wire.Message) -> None:
-        self.on_producer_reply(envelope, msg)
 
     def on_peer_silent(self, name: str) -> None:
         self.driver.on_peer_silent(name)

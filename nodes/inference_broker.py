@@ -39,6 +39,7 @@ from zmqrl.topology import NodeSpec, Topology
 
 class InferenceBroker(Node):
     binds = {"policy": "router"}
+    accepts = {"policy": (wire.STEP,)}
     # Items go out under the consumer's credit (see Outbox); IMMEDIATE keeps them here,
     # not in a ZeroMQ queue, while no consumer is connected.
     links = {"params": Link("sub", required=False, hwm=4),
@@ -88,7 +89,8 @@ class InferenceBroker(Node):
         self.first_pending_at = 0.0
         self.outbox = Outbox(self, "experience", self.args.max_outbox)
         self.ship = "experience" in self.sockets
-        self.episodes = EpisodeLog()
+        self.pooled_episodes = EpisodeLog(keep=self.ship and
+                                          self.behaviour_type.ships == wire.UNROLL)
         self._blocked = False
         self.pauses = 0  # times the consumer's backpressure paused the actors
         self.env_steps = 0
@@ -122,7 +124,10 @@ class InferenceBroker(Node):
                           msg.arrays.get("final_obs", self._no_final_obs()))
         behaviour.observe(msg["obs"], msg.fields)
         if "ep_return" in msg.arrays:
-            self.episodes.add(msg["ep_return"], msg["ep_length"])
+            # For the learner's metrics and the run's return (the supervisor's), whoever
+            # started the actor: the broker is the one node that sees every connection.
+            self.pooled_episodes.add(msg["ep_return"], msg["ep_length"])
+            self.episode_log.extend(msg["ep_return"].tolist())
         self._ship(behaviour.take())
         if not self.pending:
             self.first_pending_at = time.perf_counter()
@@ -137,9 +142,6 @@ class InferenceBroker(Node):
 
     def _no_final_obs(self) -> np.ndarray:
         return np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
-
-    def on_experience(self, envelope: list, msg: wire.Message) -> None:
-        self.on_producer_reply(envelope, msg)
 
     def on_params(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.PARAMS:
@@ -210,7 +212,7 @@ class InferenceBroker(Node):
             return  # nothing linked to take them (e.g. acting-only benchmarks)
         for item in items:
             if item.type == wire.UNROLL:
-                self.episodes.attach(item.arrays)
+                self.pooled_episodes.attach(item.arrays)
             self.outbox.push(wire.encode(item.type, item.arrays, **item.fields))
             if self.sync and "params" in self.sockets:
                 self.awaiting_version = self.version + 1

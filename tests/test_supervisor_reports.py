@@ -96,6 +96,42 @@ def test_steps_of_actors_the_supervisor_did_not_start_count(processes, tmp_path)
     assert "--max-steps 6000 reached" in log.read_text()
 
 
+def test_episodes_of_actors_the_supervisor_did_not_start_count(processes, tmp_path):
+    """The run's return (--target-return) pools the episodes every connection of the
+    broker finished, a foreign actor's included: remote actors report their episodes in
+    their steps, and the broker, which sees every connection, reports them on."""
+    topo = write_topology(tmp_path, nodes={"actor": {"replicas": 1, "args": {"envs": 4}}})
+    foreign_topo = write_topology(tmp_path, nodes={"actor": {"replicas": 2,
+                                                             "args": {"envs": 4}}})
+    run_dir, log = tmp_path / "run", tmp_path / "up.log"
+    # 100 episodes of random CartPole average ~22: any window of them passes 10.
+    proc = processes.zmqrl("up", str(topo), "--run-dir", str(run_dir), "--target-return",
+                           "10", log=log)
+
+    def our_actor() -> int | None:
+        try:
+            return _pid_of(run_dir, "actor")
+        except LookupError:
+            return None
+
+    # Stopped as soon as it exists (it takes seconds to import and build its envs), so
+    # the episodes that fill the window can only be the foreign actor's.
+    ours = wait_for(our_actor, 60, "our actor's process")
+    os.kill(ours, signal.SIGSTOP)
+    try:
+        processes.zmqrl("node", str(foreign_topo), "actor", "--replica", "1", "--run-dir",
+                        str(run_dir), log=tmp_path / "foreign.log")
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        try:
+            os.kill(ours, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    ours_csv = run_dir / "metrics" / "actor.csv"
+    assert not ours_csv.exists() or all(int(r["episodes"]) < 100 for r in read_csv(ours_csv))
+    assert "target return 10 reached" in log.read_text()
+
+
 def _pid_of(run_dir: Path, node: str) -> int:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -139,14 +139,16 @@ def act_batched(model: torch.nn.Module, behaviours: list[Behaviour],
 
 class EpisodeLog:
     """Returns and lengths of finished episodes, pooled until an unroll carries them to
-    the learner (whose metrics are the run's returns)."""
+    the learner (for its metrics). With ``keep`` False (the items shipped are not
+    unrolls, or nothing is shipped) it drops them: nothing would ever take them."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
         self.returns: list[np.ndarray] = []
         self.lengths: list[np.ndarray] = []
 
     def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
-        if len(returns):
+        if self.keep and len(returns):
             self.returns.append(np.asarray(returns, np.float32))
             self.lengths.append(np.asarray(lengths, np.int32))
 

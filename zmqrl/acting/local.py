@@ -40,7 +40,7 @@ class LocalActing:
         self.behaviour.observe(self.obs)
         actor.outbox = self.outbox = Outbox(actor, "experience", actor.args.max_outbox) \
             if "experience" in actor.sockets else None
-        self.episode_log = EpisodeLog()
+        self.pooled_episodes = EpisodeLog(keep=cls.ships == wire.UNROLL)
         self.awaiting_params = False
         self.sent_at = 0.0
 
@@ -67,7 +67,9 @@ class LocalActing:
         (action,) = act_batched(self.model, [b], actor.version)
         obs, reward, terminated, truncated, info, returns, lengths = \
             actor.env_step(self.env, self.episodes, action)
-        self.episode_log.add(returns, lengths)
+        self.pooled_episodes.add(returns, lengths)
+        if actor.reports_returns:  # the run's return (--target-return): see report_max_epsilon
+            actor.episode_log.extend(returns.tolist())
         cut = truncated & ~terminated
         b.outcome(reward, terminated | truncated, cut,
                   final_obs(info, cut, spec.obs_shape, spec.obs_dtype))
@@ -77,7 +79,7 @@ class LocalActing:
 
     def _ship(self, item: Any) -> None:
         if item.type == wire.UNROLL:
-            self.episode_log.attach(item.arrays)
+            self.pooled_episodes.attach(item.arrays)
         frames = wire.encode(item.type, item.arrays, **item.fields)
         if item.type == wire.GRADS:
             self.actor.send("param_server", frames)

@@ -66,7 +66,9 @@ class RemoteLanes:
         # The optional arrays only when they say something: each costs encode/decode time.
         if lane.truncated.any():
             arrays["truncated"], arrays["final_obs"] = lane.truncated, lane.final_obs
-        if len(lane.finished[0]):
+        # Finished episodes count toward the run's return through the broker (it sees
+        # every actor's); an exploring actor's do not count (report_max_epsilon).
+        if len(lane.finished[0]) and self.actor.reports_returns:
             arrays["ep_return"], arrays["ep_length"] = lane.finished
         frames = wire.encode(wire.STEP, arrays, seq=lane.seq, **self.step_fields)
         lane.sent_at = time.perf_counter()
