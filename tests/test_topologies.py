@@ -18,17 +18,22 @@ TOPOLOGIES = sorted(p.stem for p in (REPO / "topologies").glob("*.yaml"))
 # A random policy averages ~22 on CartPole; 150 over 100 episodes is real learning.
 TARGET = 150
 MAX_SECONDS = 180
-# Topologies whose env is not CartPole: (target return or None, seconds, min updates).
-# None runs for that long and checks data and updates only; their learning is in
-# BENCHMARKS.md.
-OTHER_ENVS = {
-    # Hopper; each update is 10 epochs over 2048 steps. test_ppo_replicas_stay_identical
-    # checks the replicas.
-    "ppo": (None, 40, 3),
-    "r2d2": (None, 30, 10),  # masked CartPole: too slow to learn in CI
-    "seed_r2d2": (None, 30, 10),
+# Topologies with their own bar: (target return, seconds, min updates, --set overrides).
+# Each run stops as soon as it reaches its target; the seconds (~2x the time to target
+# measured on a loaded 2-core machine) only bound a failing run.
+OTHER_ENVS: dict[str, tuple[float, float, int, tuple[str, ...]]] = {
+    # InvertedPendulum-v5 rather than ppo.yaml's Hopper (whose learning is in
+    # BENCHMARKS.md): a random policy averages ~5, 200 takes ~20 updates of 2048 steps.
+    # test_ppo_replicas_stay_identical checks the replicas.
+    "ppo": (200, 330, 3, ("env.id=InvertedPendulum-v5",)),
+    # Masked CartPole: random play averages ~22 (~9 for a greedy untrained network).
+    # R2D2 plateaus there for ~2,000 updates and passes 80 at ~2,600-2,800, so its time
+    # to target follows the machine's load: 230-350 s measured with 10-20 processes
+    # running beside it.
+    "r2d2": (80, 600, 10, ()),
+    "seed_r2d2": (80, 600, 10, ()),
     # InvertedPendulum-v5: a random policy averages ~5; 500 over 100 episodes is learning.
-    "seed_mujoco": (500, 180, 10),
+    "seed_mujoco": (500, 180, 10, ()),
 }
 
 
@@ -55,8 +60,8 @@ def assert_data_crossed_every_link(topo: Topology, run_dir: Path) -> None:
 
 
 def run_topology(processes, path: Path, run_dir: Path, log: Path, target: float | None,
-                 seconds: float) -> str:
-    stop = ["--max-seconds", str(seconds)]
+                 seconds: float, sets: tuple[str, ...] = ()) -> str:
+    stop = ["--max-seconds", str(seconds), *(a for kv in sets for a in ("--set", kv))]
     if target is not None:
         stop += ["--target-return", str(target)]
     proc = processes.zmqrl("up", str(path), "--run-dir", str(run_dir), *stop, log=log)
@@ -74,8 +79,8 @@ def test_topology_moves_data_and_learns(name, processes, tmp_path):
     path = REPO / "topologies" / f"{name}.yaml"
     topo = load(path)
     run_dir, log = tmp_path / "run", tmp_path / "up.log"
-    target, seconds, min_updates = OTHER_ENVS.get(name, (TARGET, MAX_SECONDS, 10))
-    run_topology(processes, path, run_dir, log, target, seconds)
+    target, seconds, min_updates, sets = OTHER_ENVS.get(name, (TARGET, MAX_SECONDS, 10, ()))
+    run_topology(processes, path, run_dir, log, target, seconds, sets)
     assert_data_crossed_every_link(topo, run_dir)
     updater = "learner" if "learner" in topo.nodes else "param_server"
     assert max(int(r["updates"]) for r in rows_of(run_dir, updater)) >= min_updates
@@ -118,18 +123,28 @@ def test_apex_sampler_swap_is_one_line(processes, tmp_path):
     assert max(int(r["updates"]) for r in rows_of(run_dir, "learner")) > 10
 
 
-@pytest.mark.parametrize("base", ["seed", "impala"])
+# lstm_ac on masked CartPole: (target return or None, seconds). SEED's V-trace with a
+# clipped surrogate (4 epochs x 4 minibatches a batch) passes 80 in ~100 updates.
+# IMPALA's plain one-pass V-trace does not learn it in CI time (300 s, 2,600 updates: the
+# mean stays ~22 and the entropy at ln 2), so that case checks only that the state
+# travels and the learner trains on it.
+LSTM_TARGETS: dict[str, tuple[float | None, float]] = {"seed": (80, 180), "impala": (None, 25)}
+
+
+@pytest.mark.parametrize("base", sorted(LSTM_TARGETS))
 def test_recurrent_actor_critic_state_travels_with_unrolls(base, processes, tmp_path):
     """``model.kind: lstm_ac`` in SEED (the broker keeps every env's LSTM state) and in
     IMPALA (each actor keeps its own): unrolls carry the state they started from and
-    the learner trains on them, on the partially observable CartPole."""
+    the learner trains on them, on the partially observable CartPole (SEED: to a mean
+    return of 80, where random play averages ~22)."""
     raw = yaml.safe_load((REPO / "topologies" / f"{base}.yaml").read_text())
     raw["env"] = {"id": "zmqrl/CartPoleNoVelocity-v1"}
     raw["model"] = {"kind": "lstm_ac", "hidden": [32], "lstm": 32}
     path = tmp_path / f"{base}-lstm.yaml"
     path.write_text(yaml.safe_dump(raw))
     run_dir = tmp_path / "run"
-    run_topology(processes, path, run_dir, tmp_path / "up.log", None, 25)
+    target, seconds = LSTM_TARGETS[base]
+    run_topology(processes, path, run_dir, tmp_path / "up.log", target, seconds)
     assert_data_crossed_every_link(load(path), run_dir)
     rows = rows_of(run_dir, "learner")
     assert max(int(r["updates"]) for r in rows) >= 5
