@@ -33,7 +33,7 @@ arrays in an uncompressed ``np.savez`` (no pickled objects), written crash-safel
 that finds that file when it starts (a restart after a crash, or ``zmqrl up --resume``)
 restores it, so the learner does not start over from an empty buffer. Requests in
 flight at a crash are lost: the learner re-sends its samples after its
-``request_timeout_s`` and producers get their credit back after ``credit_timeout_s``.
+``request_timeout_s`` and producers recount their credit from our new incarnation.
 The replay serves nothing while it saves; the log and the ``checkpoint_s`` metric say
 how long a save took.
 """

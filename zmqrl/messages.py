@@ -226,6 +226,9 @@ _UNROLL_ARRAYS = (
     Array("done", "bool", ("T", "n"),
           doc="`action[t]` ended its episode; `obs[t+1]` then starts a new one"),
 )
+_INCARNATION = Field("incarnation", "str", False,
+                     doc="the answering process's id: a new one means it restarted "
+                         "(a producer recounts its credit, protocol §11)")
 _REPLAY_SOURCE = Field("source", "str", False,
                        doc="the replay's incarnation (its keys mean nothing to another)")
 _VERSION = Field("version", "int", rule="nonneg",
@@ -253,9 +256,28 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 Field("episodes", "list", rule="numbers",
                       doc="returns of the episodes that finished since the last report"))),
     MessageSpec(wire.PING, "Liveness request; any ROUTER port answers `pong`.",
-                "anyone → any ROUTER port"),
+                "anyone → any ROUTER port",
+                fields=(Field("seq", "int", False, doc="echoed in the `pong`"),)),
     MessageSpec(wire.PONG, "Answer to `ping`.", "ROUTER port → pinger",
-                fields=(Field("node", "str", doc="label of the answering replica"),)),
+                fields=(Field("node", "str", doc="label of the answering replica"),
+                        _INCARNATION,
+                        Field("seq", "int", False, doc="the ping's `seq`, if it had one"))),
+    MessageSpec(wire.DESCRIBE, "What does this port take? Any ROUTER port answers "
+                "`description`.", "anyone → any ROUTER port"),
+    MessageSpec(
+        wire.DESCRIPTION, "Answer to `describe`: enough to write a client of the port.",
+        "ROUTER port → asker",
+        fields=(Field("protocol", "int", doc="protocol version (`v`)"),
+                Field("node", "str", doc="label of the answering replica"),
+                Field("kind", "str", False, doc="node kind (or `impl`)"),
+                Field("port", "str", doc="the port asked"),
+                Field("accepts", "list", doc="message types the port takes"),
+                Field("env", "str", False, doc="gymnasium id of the topology's env"),
+                Field("obs_shape", "list", False, doc="observation shape"),
+                Field("obs_dtype", "str", False, doc="observation dtype"),
+                Field("action_dtype", "str", False, doc="action dtype"),
+                Field("action_space", "map", False,
+                      doc="`{kind: discrete, n}` or `{kind: box, shape, low, high}`"))),
     MessageSpec(
         wire.STEP, "Observations of `n` envs, and the outcome of their previous actions.",
         "actor → broker `policy`",
@@ -353,7 +375,9 @@ MESSAGES: tuple[MessageSpec, ...] = (
                                      "the tensor's shape")),
     MessageSpec(wire.CREDIT, "Grant for more experience messages.",
                 "consumer's `experience` port → producer",
-                fields=(Field("n", "int", rule="positive", doc="messages granted"),)),
+                fields=(Field("n", "int", rule="positive", doc="messages granted"),
+                        Field("node", "str", False, doc="label of the granting replica"),
+                        _INCARNATION)),
     MessageSpec(wire.ERROR, "Reply to a rejected message.", "ROUTER port → sender",
                 fields=(Field("error", "str", doc="why, for humans"),)),
 )
