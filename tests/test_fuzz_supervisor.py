@@ -18,10 +18,14 @@ protocol. Nothing it sends may be believed, so afterwards:
 
 Hypothesis runs inside the test (``@given`` on an inner function), one example per
 batch, so one supervisor serves every example (it takes ~10-20 s to start), the
-strategies can name the real nodes' pids, and each batch is followed by a liveness
-check. Shrinking is off: a supervisor that died stays dead, so every smaller example
-would fail too; the failing batch is reported as drawn. ``derandomize`` keeps the
-drawn batches the same from run to run (only the pids differ).
+strategies can name the real nodes' pids, and hypothesis varies the batches' sizes and
+mixes across examples. Each batch starts with a liveness check, but a crash shows late
+(the supervisor first stops its nodes, for seconds), so the failure to read is the
+supervisor's traceback in the message. Shrinking is off: a supervisor that died stays
+dead, so every smaller example would fail too. ``derandomize`` keeps the drawn batches
+the same from run to run (only the pids differ). What only a believed peer reaches
+(``RunMetrics._metrics``: too many row fields, negative ``env_steps``) is not fuzzed
+here: no message of this peer gets past its hello.
 """
 
 from __future__ import annotations
@@ -236,6 +240,7 @@ def test_hostile_reports_neither_crash_the_supervisor_nor_reach_the_run(processe
              and any(int(r["env_steps"]) > 0 for r in read_csv(run_csv)), 90,
              "every node's metrics and the run's env steps")
     assert proc.poll() is None, log_tail()
+    assert "rejected report" not in log.read_text(), log_tail()  # so every one is ours
 
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -272,14 +277,16 @@ def test_hostile_reports_neither_crash_the_supervisor_nor_reach_the_run(processe
         fuzz()
         # One rejection per message, none more (no real node's report was refused) and
         # none fewer (nothing was believed); the progress line shows the count every 5 s.
-        wait_for(lambda: proc.poll() is not None or sent in progress_counts(log.read_text()),
+        wait_for(lambda: proc.poll() is not None
+                 or max(progress_counts(log.read_text()), default=0) >= sent,
                  30, f"the progress line to count {sent} rejected reports")
     finally:
         sock.close()
-    assert proc.poll() is None, f"the supervisor died:\n{log_tail()}"
+    # (A crash shows late: the supervisor stops its nodes before it exits.)
+    assert proc.poll() is None, f"the supervisor died (exit {proc.poll()}):\n{log_tail()}"
     text = log.read_text()
     assert 200 <= sent <= 600, sent  # the bounded amount the settings are meant to draw
-    assert max(progress_counts(text)) == sent, log_tail()
+    assert max(progress_counts(text)) == sent, f"{sent} sent:\n{log_tail()}"
     logged = [int(n) for n in re.findall(r"supervisor: rejected report \((\d+) so far\)", text)]
     assert logged == list(range(1, 11)), logged  # the first 10, then only every 1000th
 
