@@ -32,8 +32,8 @@ limiter's counters go to ``checkpoints/<label>.replay.npz`` in the run directory
 arrays in an uncompressed ``np.savez`` (no pickled objects), written crash-safely. A replay
 that finds that file when it starts (a restart after a crash, or ``zmqrl up --resume``)
 restores it, so the learner does not start over from an empty buffer. Requests in
-flight at a crash are lost: the learner re-sends its samples after its
-``request_timeout_s`` and producers recount their credit from our new incarnation.
+flight at a crash are lost: the learner asks again when the connection drops or the
+replay goes silent, and producers recount their credit from our new incarnation.
 The replay serves nothing while it saves; the log and the ``checkpoint_s`` metric say
 how long a save took.
 """

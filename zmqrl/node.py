@@ -523,6 +523,10 @@ class Node:
                          incarnation=self.incarnation, pid=os.getpid())
             self.every(HEARTBEAT_S, lambda: self._report(wire.HEARTBEAT))
             if self._heard:
+                # Peers' silence counts from now: a setup() longer than peer_timeout_s
+                # (a model build on a loaded machine) is not their silence.
+                now = time.monotonic()
+                self._heard = dict.fromkeys(self._heard, now)
                 self.every(self.heartbeat_s, self._check_peers)
             self.every(self.metrics_interval_s, self._emit_metrics)
             if self._parent is not None:
