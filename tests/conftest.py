@@ -174,3 +174,18 @@ def free_base_port(count: int, host: str = "127.0.0.1") -> int:
             for probe in probes:
                 probe.close()
     raise RuntimeError(f"no {count} consecutive free tcp ports found on {host}")
+
+
+def pid_of(run_dir: Path, node: str, replica: int = 0) -> int:
+    """The pid of ``node``'s replica in the run under ``run_dir`` (from /proc)."""
+    marker = f" {node} --replica {replica} "
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(run_dir) in cmdline and "zmqrl.cli" in cmdline and marker in cmdline:
+            return int(entry.name)
+    raise LookupError(f"no process for {node}.{replica}")

@@ -9,27 +9,12 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import read_csv, stop_process, wait_for, write_topology
+from conftest import pid_of, read_csv, stop_process, wait_for, write_topology
 
 # Peers declare a silent link peer dead after 2 s here (default 5 s), so the tests wait
 # less; the supervisor uses the same timeout for its own "silent" report.
 FAST_LIVENESS = {"network": {"heartbeat_s": 0.5, "peer_timeout_s": 2.0},
                  "nodes": {"actor": {"replicas": 2, "args": {"envs": 4}}}}
-
-
-def pid_of(run_dir: Path, node: str, replica: int = 0) -> int:
-    """The pid of ``node``'s replica in the run under ``run_dir`` (from /proc)."""
-    marker = f" {node} --replica {replica} "
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(run_dir) in cmdline and "zmqrl.cli" in cmdline and marker in cmdline:
-            return int(entry.name)
-    raise LookupError(f"no process for {node}.{replica}")
 
 
 def last(run_dir: Path, label: str, column: str) -> int:

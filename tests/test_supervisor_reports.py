@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import msgpack
 import zmq
@@ -15,7 +14,7 @@ import zmq
 from zmqrl import wire
 from zmqrl.endpoints import supervisor_address
 
-from conftest import read_csv, stop_process, wait_for, write_topology
+from conftest import pid_of, read_csv, stop_process, wait_for, write_topology
 
 SMALL = {"nodes": {"actor": {"replicas": 2, "args": {"envs": 4}}}}
 
@@ -82,7 +81,7 @@ def test_steps_of_actors_the_supervisor_did_not_start_count(processes, tmp_path)
     wait_for(lambda: any(int(r["env_steps"]) > 0 for r in
                          read_csv(run_dir / "metrics" / "actor.csv")), 60,
              "our actor to report steps")
-    ours = _pid_of(run_dir, "actor")
+    ours = pid_of(run_dir, "actor")
     os.kill(ours, signal.SIGSTOP)  # from now on only the foreign actor steps
     try:
         processes.zmqrl("node", str(foreign_topo), "actor", "--replica", "1", "--run-dir",
@@ -110,7 +109,7 @@ def test_episodes_of_actors_the_supervisor_did_not_start_count(processes, tmp_pa
 
     def our_actor() -> int | None:
         try:
-            return _pid_of(run_dir, "actor")
+            return pid_of(run_dir, "actor")
         except LookupError:
             return None
 
@@ -130,16 +129,3 @@ def test_episodes_of_actors_the_supervisor_did_not_start_count(processes, tmp_pa
     ours_csv = run_dir / "metrics" / "actor.csv"
     assert not ours_csv.exists() or all(int(r["episodes"]) < 100 for r in read_csv(ours_csv))
     assert "target return 10 reached" in log.read_text()
-
-
-def _pid_of(run_dir: Path, node: str) -> int:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(run_dir) in cmdline and f" {node} --replica 0 " in cmdline:
-            return int(entry.name)
-    raise LookupError(node)
