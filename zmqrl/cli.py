@@ -1,4 +1,5 @@
-"""The ``zmqrl`` command line: up, node, procfile, endpoints, validate, keys, bench."""
+"""The ``zmqrl`` command line: up, node, procfile, endpoints, validate, keys, bench, status,
+plot."""
 
 from __future__ import annotations
 
@@ -228,6 +229,43 @@ def bench(actors: int, envs: int, seconds: float, topology_path: str, lanes: int
     from zmqrl.bench import run_bench
 
     run_bench(topology_path, actors, envs, seconds, with_learner, json_path, lanes)
+
+
+@main.command()
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, exists=True))
+@click.option("--once", is_flag=True, help="Print one snapshot and exit (for scripts).")
+@click.option("--interval", default=1.0, show_default=True,
+              type=click.FloatRange(min=0.1), help="Seconds between refreshes.")
+def status(run_dir: str | None, once: bool, interval: float) -> None:
+    """A live table of every node of a run: pid, host, incarnation, state, restarts,
+    env steps/s, and per socket its peer, messages/s in and out, bytes/s and queue;
+    an inference broker's batch, a learner's policy lag. RUN_DIR defaults to the run
+    under runs/ that reported last. Works for `zmqrl up`, honcho and any run whose
+    nodes share the run directory. Ctrl-C ends it."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from zmqrl.status import latest_run, render, snapshot
+
+    directory = Path(run_dir) if run_dir else latest_run()
+    if directory is None:
+        raise click.UsageError("no run with status files under runs/; name a RUN_DIR")
+    console = Console(highlight=False)
+    if once or not console.is_terminal:
+        if not console.is_terminal:  # a pipe or a file: no wrapping of the table
+            console = Console(highlight=False, width=max(console.width, 200))
+        console.print(render(snapshot(directory)))
+        return
+    try:
+        with Live(render(snapshot(directory)), console=console, auto_refresh=False,
+                  screen=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(snapshot(directory)), refresh=True)
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

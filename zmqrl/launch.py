@@ -182,7 +182,7 @@ class Supervisor:
         self.console.print(f"zmqrl up: {verb}{self.topo.name} -> {self.run_dir}", markup=False)
         for proc in self.procs:
             self._spawn(proc)
-        live = Live(self.progress.line(), console=self.console, refresh_per_second=4,
+        live = Live(self.progress.view(), console=self.console, refresh_per_second=4,
                     transient=True) if self.console.is_terminal else None
         try:
             if live:
@@ -198,7 +198,7 @@ class Supervisor:
                     last_row = time.monotonic()
                     self.metrics.log_row(time.monotonic() - self.started)
                 if live:
-                    live.update(self.progress.line())
+                    live.update(self.progress.view())
                 elif time.monotonic() - last_plain > 5.0:
                     last_plain = time.monotonic()
                     self.console.print(self.progress.line(), markup=False)
@@ -207,6 +207,7 @@ class Supervisor:
                 live.stop()
             self._shutdown()
             self.metrics.log_row(time.monotonic() - self.started)
+            self.metrics.close()
         self.console.print(self.progress.line(final=True), markup=False)
         self.console.print(f"zmqrl up: stopped ({self.reason}); run directory {self.run_dir}",
                            markup=False)
@@ -327,6 +328,7 @@ class Supervisor:
     def _on_exit(self, proc: _Proc, code: int, now: float) -> None:
         spec = self.topo.nodes[proc.node]
         delay = proc.restarts.after_exit(code, now - proc.started_at)
+        self.metrics.exited(proc.label, code, restarting=delay is not None)
         if delay is not None:
             proc.restart_at = now + delay
             self.console.print(f"supervisor: {proc.label} exited with {code}; restart "

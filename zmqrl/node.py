@@ -40,9 +40,11 @@ from typing import Any, ClassVar
 import zmq
 
 from zmqrl import lifetime, security, sockets, wire
+from zmqrl import tensorboard as tb
 from zmqrl.endpoints import Endpoints
 from zmqrl.labels import label as make_label
 from zmqrl.metrics import CsvLog
+from zmqrl.status import NodeStatus
 from zmqrl.topology import NodeSpec, Topology
 
 log = logging.getLogger(__name__)
@@ -296,6 +298,12 @@ class Node:
         self._timers: list[list] = []  # [next_due, period, fn]
         self._supervisor: zmq.Socket | None = None
         self._metrics_log = CsvLog(ctx.run_dir / "metrics" / f"{ctx.label}.csv")
+        # The same rows as TensorBoard scalars, and the latest one in status/<label>.json
+        # (for ``zmqrl status``): both written from the metrics path, never the hot path.
+        self._board = tb.NodeBoard(ctx.run_dir, ctx.label, ctx.spec.kind or ctx.spec.impl)
+        self._status = NodeStatus(ctx.run_dir, ctx.label, ctx.spec.name, ctx.replica,
+                                  ctx.spec.kind or ctx.spec.impl, self.incarnation,
+                                  self.metrics_interval_s)
         self._last_traffic: dict[str, list[int]] = {}
         self._last_metrics_t = self.started
         self.heartbeat_s = float(ctx.topo.network.get("heartbeat_s", HEARTBEAT_S))
@@ -515,6 +523,7 @@ class Node:
             signal.signal(sig, self._on_signal)
         if self._parent is not None:
             lifetime.die_with_parent()
+        clean = False
         try:
             self._open_sockets()
             self.setup()
@@ -546,8 +555,11 @@ class Node:
                 self._fire_timers()
             self.teardown()
             self._emit_metrics()
+            clean = True
         finally:
             self._metrics_log.close()
+            self._board.close()
+            self._status.stopped(clean)
             for sock in list(self.sockets.values()) + [self._supervisor]:
                 if sock is not None:
                     sock.close()  # LINGER bounds how long this may wait
@@ -683,11 +695,21 @@ class Node:
         dt = max(now - self._last_metrics_t, 1e-9)
         row: dict[str, Any] = {"time_s": round(now - self.started, 3)}
         row.update(self.metrics())
+        links: dict[str, dict[str, Any]] = {}
         for name, stats in self._traffic.items():
             last = self._last_traffic.get(name, [0, 0, 0, 0])
+            link = self._link_of.get(name, name)
+            links[name] = {"role": "bind", "peer": self.binds[name]} if name in self.binds \
+                else {"role": "link", "peer": self.ctx.spec.links.get(link, "")}
             if stats[0] or stats[2]:
                 row[f"{name}_msgs_per_s"] = round((stats[0] + stats[2] - last[0] - last[2]) / dt, 1)
                 row[f"{name}_bytes_per_s"] = round((stats[1] + stats[3] - last[1] - last[3]) / dt)
+                # each way apart too: which side of an edge is the bottleneck
+                row[f"{name}_in_msgs_per_s"] = round((stats[0] - last[0]) / dt, 1)
+                row[f"{name}_out_msgs_per_s"] = round((stats[2] - last[2]) / dt, 1)
+                links[name].update(in_per_s=row[f"{name}_in_msgs_per_s"],
+                                   out_per_s=row[f"{name}_out_msgs_per_s"],
+                                   bytes_per_s=row[f"{name}_bytes_per_s"])
             self._last_traffic[name] = list(stats)
         row["bad_messages"] = self.bad_messages
         row["dropped"] = self.dropped
@@ -698,7 +720,12 @@ class Node:
         for name, outbox in self._outboxes.items():
             row[f"{name}_sent"] = outbox.sent  # cumulative: messages sent under credit
             row[f"{name}_recounts"] = outbox.recounts
+            row[f"{name}_queue"] = len(outbox)  # messages waiting for credit
+            if name in links:
+                links[name]["queue"] = len(outbox)
         self._last_metrics_t = now
         self._metrics_log.write(row)
+        self._board.write(row, self._traffic)
+        self._status.write(row, links)
         self._report(wire.METRICS, row=row, episodes=self.episode_log)
         self.episode_log = []

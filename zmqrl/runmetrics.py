@@ -13,6 +13,10 @@ connection they serve, actors the supervisor did not start included) plus the lo
 -policy actors'; the learners' (every unroll they took in, restored with their
 checkpoint) and the parameter servers'. The run's total is the largest view. A node
 that restarts counts from 0 again; its earlier count is carried.
+
+Each second the supervisor also writes the run's row as TensorBoard scalars (``tb/run``,
+x = the run's env steps; :mod:`zmqrl.tensorboard`) and what it knows of its processes
+(started, waiting to restart, failed) to ``status/_supervisor.json`` (:mod:`zmqrl.status`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zmqrl import messages, wire
+from zmqrl import messages, status, wire
+from zmqrl import tensorboard as tb
 from zmqrl.metrics import CsvLog
 from zmqrl.topology import Topology
 
@@ -53,6 +58,9 @@ class _Peer:
     steps: int = 0  # env steps reported by the current process
     carried: int = 0  # env steps of its earlier processes (it restarted)
     row: dict[str, Any] = field(default_factory=dict)
+    starts: int = 0  # processes started for it
+    state: str = "running"  # running | restarting | failed | finished
+    exit_code: int | None = None
 
 
 def _field(msg: wire.Message, name: str, kind: type) -> Any:
@@ -98,6 +106,8 @@ class RunMetrics:
         self.learner_row: dict[str, Any] = {}
         self.rejected = 0  # reports refused (bad fields, unknown or spoofed labels)
         self.run_log: CsvLog | None = None
+        self.board = tb.ScalarWriter(self.run_dir / "tb" / "run") if tb.enabled() else None
+        self._last_row: tuple[float, int] | None = None  # (time_s, env steps) logged last
         # A resumed run carries on the totals of metrics/run.csv (its last row): time,
         # env steps (the nodes count from 0 again, except a learner) and episodes.
         self.base_time_s, self.base_env_steps, self.base_episodes = 0.0, 0, 0
@@ -130,6 +140,16 @@ class RunMetrics:
         peer.identity = None
         peer.carried += peer.steps
         peer.steps = 0
+        peer.starts += 1
+        peer.state, peer.exit_code = "running", None
+
+    def exited(self, label: str, code: int, restarting: bool) -> None:
+        """The process of ``label`` exited with ``code``; the supervisor starts it again
+        (``restarting``) or not (failed for a non-zero code, else finished)."""
+        peer = self.peers.get(label)
+        if peer is not None:
+            peer.exit_code = code
+            peer.state = "restarting" if restarting else "failed" if code else "finished"
 
     # ----- reports --------------------------------------------------------------------
     def handle(self, identity: bytes, msg: wire.Message) -> str:
@@ -218,10 +238,34 @@ class RunMetrics:
         curves are drawn from."""
         if self.run_log is None:
             self.run_log = CsvLog(self.run_dir / "metrics" / "run.csv")
-        self.run_log.write({
+        row = {
             "time_s": round(self.base_time_s + elapsed_s, 2),
             "env_steps": self.total_env_steps, "episodes": self.base_episodes + self.episodes,
             "return_mean_20": round(self.mean_return(20), 2),
             "return_mean_100": round(self.mean_return(), 2),
             "updates": self.learner_row.get("updates", 0) if self.learner_row else 0,
-        })
+        }
+        self.run_log.write(row)
+        self._log_board(row)
+        status.write_supervisor(self.run_dir, {
+            label: {"node": p.node, "kind": p.kind, "pid": p.pid, "starts": p.starts,
+                    "state": p.state, "exit_code": p.exit_code}
+            for label, p in self.peers.items()})
+
+    def _log_board(self, row: dict[str, Any]) -> None:
+        """The run's row in TensorBoard (``tb/run``), with its env steps/s."""
+        if self.board is None:
+            return
+        values = tb.scalars(row, "run")
+        if self._last_row is not None and row["time_s"] > self._last_row[0]:
+            values["charts/sps"] = (row["env_steps"] - self._last_row[1]) / \
+                (row["time_s"] - self._last_row[0])
+        self._last_row = (row["time_s"], row["env_steps"])
+        self.board.write(values, row["env_steps"])
+
+    def close(self) -> None:
+        """Flush and close the run's files (the supervisor's last call)."""
+        if self.run_log is not None:
+            self.run_log.close()
+        if self.board is not None:
+            self.board.close()
