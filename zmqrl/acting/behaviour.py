@@ -22,13 +22,15 @@ with one connection. Recurrent state lives in the behaviour and nowhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
 from zmqrl.algo_config import AlgoConfig
 from zmqrl.envs import EnvSpec
+
+if TYPE_CHECKING:  # torch is imported where a forward pass runs: a remote actor never does
+    import torch
 
 
 @dataclass
@@ -55,6 +57,16 @@ class ActingSetup:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def to_device(self) -> Any:
+        """The model's ``HostToDevice`` (pinned staging buffers on CUDA), made once."""
+        mover = self.__dict__.get("_to_device")
+        if mover is None or mover.device != self.device:  # the model may have moved
+            from zmqrl.devices import HostToDevice
+
+            mover = self.__dict__["_to_device"] = HostToDevice(self.device)
+        return mover
 
 
 class Behaviour:
@@ -120,14 +132,11 @@ def act_batched(model: torch.nn.Module, behaviours: list[Behaviour],
     from its own state: concatenate their inputs, run the model once, split the outputs
     back and let each record its share. Returns the actions per connection."""
     parts = [b.inputs() for b in behaviours]
-    device = behaviours[0].setup.device
     if len(parts) == 1:
-        # Frames are read-only and torch wants writable memory: one copy either way.
-        joined = {k: v if v.flags.writeable else v.copy() for k, v in parts[0].items()}
+        joined = parts[0]
     else:
         joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    outputs = type(behaviours[0]).forward(
-        model, {k: torch.from_numpy(v).to(device) for k, v in joined.items()})
+    outputs = type(behaviours[0]).forward(model, behaviours[0].setup.to_device.batch(joined))
     actions, start = [], 0
     for b in behaviours:
         end = start + b.n

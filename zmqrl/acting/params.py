@@ -10,12 +10,12 @@ logged error, acting on with what it has.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from zmqrl import wire
-from zmqrl.models import load_state_arrays, wants_params
+
+if TYPE_CHECKING:  # annotations only: importing this module must not load torch
+    import torch
 
 
 class ParamsFollower:
@@ -35,6 +35,8 @@ class ParamsFollower:
 
     def offer(self, msg: wire.Message) -> bool:
         """Load ``msg`` if it is wanted; True if the model changed."""
+        from zmqrl.models import load_state_arrays, wants_params  # loaded with our model
+
         version, source = msg.fields.get("version"), msg.fields.get("source")
         if type(version) is not int:
             return self._reject("rejected params: version %r is not an integer", version)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl import wire
-from zmqrl.acting import behaviour_for
+from zmqrl.acting import explores_by_epsilon
 from zmqrl.acting.envs import EpisodeTracker, final_obs
 from zmqrl.metrics import LatencyReservoir
 
@@ -44,7 +44,7 @@ class RemoteLanes:
         self.actor = actor
         self.latency = LatencyReservoir()
         self.step_fields: dict[str, Any] = {}
-        if behaviour_for(actor.ctx.topo.algo_config.family).explores_by_epsilon:
+        if explores_by_epsilon(actor.ctx.topo.algo_config.family):
             # the broker explores with our ε, as a local actor of ours would
             self.step_fields["epsilon"] = actor.epsilon()
         self.lanes: list[Lane] = []
