@@ -25,14 +25,12 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from zmqrl import messages, wire
 from zmqrl.acting import ActingSetup, Behaviour, EpisodeLog, act_batched, behaviour_for
 from zmqrl.acting.params import ParamsFollower
 from zmqrl.envs import env_spec
 from zmqrl.metrics import LatencyReservoir
-from zmqrl.models import build_model, pick_device
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.topology import NodeSpec, Topology
 
@@ -65,6 +63,12 @@ class InferenceBroker(Node):
         return []
 
     def setup(self) -> None:
+        # Here, not at the top: every node of a topology imports this class (for its
+        # ports), and a node that runs no model must not load torch.
+        import torch
+
+        from zmqrl.models import build_model, pick_device
+
         torch.set_num_threads(1)
         topo = self.ctx.topo
         self.spec = env_spec(topo.env)

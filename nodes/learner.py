@@ -36,22 +36,25 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from zmqrl import distributed, wire
+from zmqrl import wire
 from zmqrl.algo_config import SEQUENCE, UNROLL, config_type
-from zmqrl.algos import make_algo
 from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
-from zmqrl.learning import checks
-from zmqrl.learning.sources import ReplayClient, SharedUnrollInbox, Source, UnrollInbox
-from zmqrl.learning.updaters import AllReduce, GradientPush, LocalStep, Updater
-from zmqrl.models import build_model, pick_device, state_arrays
 from zmqrl.node import Link, Node
 from zmqrl.topology import NodeSpec, Topology
+
+# torch and the parts made of it are imported where they are used, not here: every node
+# of a topology imports this class (for its ports), and a node that runs no model must
+# not load torch.
+if TYPE_CHECKING:
+    import torch
+
+    from zmqrl.learning.sources import Source
+    from zmqrl.learning.updaters import Updater
 
 # Algorithms whose learner can average gradients over data-parallel replicas.
 _DATA_PARALLEL_ALGOS = frozenset({"ppo"})
@@ -121,6 +124,12 @@ class Learner(Node):
         return []
 
     def setup(self) -> None:
+        import torch
+
+        from zmqrl.algos import make_algo
+        from zmqrl.learning import checks
+        from zmqrl.models import build_model, pick_device
+
         torch.set_num_threads(1)
         topo = self.ctx.topo
         self.cfg = topo.algo_config
@@ -149,6 +158,9 @@ class Learner(Node):
         self.log.info("%s on %s, batch %d", self.kind, self.device, self.cfg.batch_size)
 
     def _make_updater(self) -> Updater:
+        from zmqrl import distributed
+        from zmqrl.learning.updaters import AllReduce, GradientPush, LocalStep
+
         spec = self.ctx.spec
         if "param_server" in spec.links:  # Gorila: replicas are independent learners
             return GradientPush(self, self.check, self.args.max_pending_grads)
@@ -161,9 +173,13 @@ class Learner(Node):
     @property
     def world(self) -> int:
         """Replicas that split each batch (data-parallel), else 1."""
+        from zmqrl.learning.updaters import AllReduce
+
         return self.ctx.spec.replicas if isinstance(self.updater, AllReduce) else 1
 
     def _make_source(self) -> Source:
+        from zmqrl.learning.sources import ReplayClient, SharedUnrollInbox, UnrollInbox
+
         if self.family == UNROLL:
             recurrent = getattr(self.model, "recurrent", False)
             columns = self.cfg.batch_size // self.world
@@ -176,6 +192,8 @@ class Learner(Node):
 
     # ----- messages -------------------------------------------------------------------
     def on_experience(self, envelope: list, msg: wire.Message) -> None:
+        from zmqrl.learning.sources import UnrollInbox
+
         if not isinstance(self.source, UnrollInbox):
             raise wire.ProtocolError(f"this learner ({self.kind}) takes no unrolls")
         self.source.on_message(envelope, msg)
@@ -213,6 +231,8 @@ class Learner(Node):
         self.checkpointer.maybe_save(self.updates)
 
     def _publish(self) -> None:
+        from zmqrl.models import state_arrays
+
         self.send("params", wire.encode(wire.PARAMS, state_arrays(self.model),
                                         version=self.updates, source=self.incarnation))
 
@@ -270,6 +290,8 @@ class Learner(Node):
 def _rng_state() -> dict[str, Any]:
     """torch's, numpy's global and Python's RNG states, as tensors and plain values (so
     the checkpoint loads with ``weights_only``)."""
+    import torch
+
     kind, key, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -283,6 +305,8 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"],

@@ -23,13 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from zmqrl import wire
-from zmqrl.algos import ALGOS, make_algo
 from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
-from zmqrl.models import build_model, pick_device, state_arrays
 from zmqrl.node import Node
 from zmqrl.topology import NodeSpec, Topology
 
@@ -50,6 +47,8 @@ class ParamServer(Node):
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
+        from zmqrl.algos import ALGOS  # torch: only `up`, `validate` and this node check it
+
         kind = topo.algo.get("kind", "vtrace")
         if kind in ALGOS and not hasattr(ALGOS[kind][1], "apply_gradients"):
             usable = [k for k, (_, learner) in ALGOS.items() if hasattr(learner, "apply_gradients")]
@@ -61,6 +60,13 @@ class ParamServer(Node):
         return []
 
     def setup(self) -> None:
+        # Here, not at the top: every node of a topology imports this class (for its
+        # ports), and a node that runs no model must not load torch.
+        import torch
+
+        from zmqrl.algos import make_algo
+        from zmqrl.models import build_model, pick_device
+
         torch.set_num_threads(1)
         topo = self.ctx.topo
         spec = env_spec(topo.env)
@@ -123,6 +129,8 @@ class ParamServer(Node):
         self.checkpointer.maybe_save(self.version)
 
     def _params_message(self) -> list:
+        from zmqrl.models import state_arrays  # loaded by setup
+
         return wire.encode(wire.PARAMS, state_arrays(self.model), version=self.version,
                            source=self.incarnation)
 

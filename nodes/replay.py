@@ -44,8 +44,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from zmqrl import messages, wire
-from zmqrl.algos import SEQUENCE_ALGOS, make_algo_config
+from zmqrl import algo_config, messages, wire
+from zmqrl.algo_config import SEQUENCE
 from zmqrl.checkpoint import NPZ, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
 from zmqrl.node import Node
@@ -117,12 +117,12 @@ class Replay(Node):
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
         # What producers must insert: sequences for sequence algorithms (R2D2), n-step
         # transitions otherwise; the declarations are zmqrl.messages'.
-        sequences = topo.algo.get("kind", "vtrace") in SEQUENCE_ALGOS
+        sequences = topo.algo_config.family == SEQUENCE
         self.insert_spec = messages.spec(wire.INSERT,
                                          "sequences" if sequences else "transitions")
         self.checks = messages.Context.from_env(
             env_spec(topo.env),
-            sequence_length=make_algo_config(topo.algo).sequence_length if sequences else None)
+            sequence_length=topo.algo_config.sequence_length if sequences else None)
         self.waiting_samples = WaitingSamples(a.max_waiting_per_peer, a.max_waiting)
         self.waiting_insert: tuple[list, wire.Message, int] | None = None
         self._mark = (time.monotonic(), 0, 0)
@@ -297,10 +297,10 @@ def largest_insert(name: str, topo: Topology) -> int:
     per env; a broker one connection's worth (one actor's envs). 1 for producers it
     cannot see into (``impl:``, ``command:``)."""
     try:
-        cfg = make_algo_config(topo.algo)
+        cfg = algo_config.parse(topo.algo)
     except (TypeError, ValueError, KeyError):
         return 1  # the algo section's own errors are reported elsewhere
-    per_env = 1 if cfg.kind in SEQUENCE_ALGOS else int(getattr(cfg, "n_step", 1))
+    per_env = 1 if cfg.family == SEQUENCE else int(getattr(cfg, "n_step", 1))
 
     def envs(spec: NodeSpec) -> int:
         if spec.kind != "actor":
