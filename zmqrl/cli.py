@@ -34,9 +34,9 @@ def _overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _load(path: str, sets: tuple[str, ...] = ()) -> Topology:
+def _load(path: str, sets: tuple[str, ...] = (), node: str | None = None) -> Topology:
     try:
-        return load(path, _overrides(sets))
+        return load(path, _overrides(sets), node=node)
     except TopologyError as exc:
         for line in exc.errors:
             click.echo(f"error: {line}", err=True)
@@ -122,7 +122,9 @@ def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor
          watch: bool, sets: tuple[str, ...]) -> None:
     """Run node NAME of TOPOLOGY (one replica) in this process (or, with --watchdog, in a
     child process that is restarted). Stops on SIGTERM, SIGINT and SIGHUP."""
-    topo = _load(topology, sets)
+    # Only what this node needs is checked: building the model to check it would load
+    # torch into a node that runs none (`up` and `validate` check the whole topology).
+    topo = _load(topology, sets, node=name)
     if name not in topo.nodes:
         raise click.BadParameter(f"no node '{name}' in {topology} (nodes: "
                                  f"{', '.join(topo.nodes)})", param_hint="NAME")
@@ -266,6 +268,40 @@ def status(run_dir: str | None, once: bool, interval: float) -> None:
                 live.update(render(snapshot(directory)), refresh=True)
     except KeyboardInterrupt:
         pass
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True,
+                type=click.Path(file_okay=False, exists=True))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The PNG to write.")
+@click.option("--metric", default="return_mean_100", show_default=True,
+              type=click.Choice(["return_mean_100", "return_mean_20"]),
+              help="Which mean return to draw.")
+@click.option("--title", help="Default: the env ids and the metric.")
+@click.option("--size", default="1200x450", show_default=True, metavar="WxH",
+              help="Size of the PNG in pixels.")
+def plot(run_dirs: tuple[str, ...], output: str, metric: str, title: str | None,
+         size: str) -> None:
+    """Learning curves of RUN_DIRS into one PNG: return against env steps and against
+    wall time. Runs of the same topology (seeds) are drawn as their mean with a band;
+    different topologies are overlaid. Needs matplotlib (pip install -e '.[plot]')."""
+    try:
+        width, height = (int(v) for v in size.lower().split("x"))
+    except ValueError:
+        raise click.BadParameter(f"'{size}' is not WxH, e.g. 1200x450",
+                                 param_hint="--size") from None
+    from zmqrl.plot import plot_runs  # numpy and yaml; matplotlib only when drawing
+
+    try:
+        out = plot_runs([Path(d) for d in run_dirs], Path(output), metric, title,
+                        (width, height))
+    except ImportError as exc:
+        raise click.ClickException(f"{exc}; install it with pip install -e '.[plot]'") \
+            from None
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {out}")
 
 
 if __name__ == "__main__":
