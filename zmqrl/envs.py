@@ -7,6 +7,11 @@ like any gymnasium id:
 * ``zmqrl/CartPoleNoVelocity-v1``: CartPole with the two velocity components hidden
   (observation: cart position, pole angle). Partially observable: a policy has to infer
   the velocities from history, which a feed-forward network cannot (R2D2's test bed).
+* ``zmqrl/Atari-<Game>-v5`` and ``zmqrl/MinAtar-<Game>-v1``: pixel envs with uint8
+  [C, H, W] observations (``zmqrl.pixel_envs``).
+
+Observations travel as float32, except uint8 ones (pixels), which stay uint8 from the
+env to the model's first layer: on the wire, in unrolls and in replay.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+
+from zmqrl import pixel_envs  # noqa: F401  (registers the pixel env ids)
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,13 @@ def make_vector_env(env_cfg: dict[str, Any], num_envs: int, seed: int) -> gym.ve
     return env
 
 
+def obs_wire_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype observations travel and are stored in: uint8 stays uint8 (pixels: a
+    quarter of float32's bytes, and no float copy of a frame anywhere), anything else is
+    float32 (MuJoCo's float64 included)."""
+    return np.dtype(np.uint8) if np.dtype(dtype) == np.uint8 else np.dtype(np.float32)
+
+
 def env_spec(env_cfg: dict[str, Any]) -> EnvSpec:
     env = gym.make(env_cfg["id"], **env_cfg.get("kwargs", {}))
     try:
@@ -88,9 +102,10 @@ def env_spec(env_cfg: dict[str, Any]) -> EnvSpec:
         env.close()
     if not isinstance(obs, gym.spaces.Box):
         raise ValueError(f"env {env_cfg['id']}: observation space {obs} is not a Box")
+    obs_dtype = obs_wire_dtype(obs.dtype)
     if isinstance(act, gym.spaces.Discrete):
-        return EnvSpec(obs.shape, np.dtype(np.float32), (), np.dtype(np.int64), int(act.n))
+        return EnvSpec(obs.shape, obs_dtype, (), np.dtype(np.int64), int(act.n))
     if isinstance(act, gym.spaces.Box):
-        return EnvSpec(obs.shape, np.dtype(np.float32), act.shape, np.dtype(np.float32), None,
+        return EnvSpec(obs.shape, obs_dtype, act.shape, np.dtype(np.float32), None,
                        act.low.astype(np.float32), act.high.astype(np.float32))
     raise ValueError(f"env {env_cfg['id']}: action space {act} is not Discrete or Box")
