@@ -9,8 +9,9 @@ with its run directory kept under runs/mujoco/ (a finished run is not run again,
 interrupted one continues from its checkpoints with `zmqrl up --resume`). The curve is
 the supervisor's metrics/run.csv: the mean return of the last 20 episodes against env
 steps. Prints one markdown row per env (final mean return over the last 100 episodes:
-mean ± std over seeds, each seed, wall time) and draws one PNG per env (needs
-matplotlib: `pip install -e .[bench]`).
+mean ± std over seeds, each seed, wall time) and draws one PNG per env with `zmqrl plot`'s
+code: the seeds' mean with a band, against env steps and wall time (needs matplotlib:
+`pip install -e .[plot]`).
 """
 
 from __future__ import annotations
@@ -43,30 +44,15 @@ def run(topology: Path, env_id: str, seed: int, max_steps: int) -> dict:
             raise SystemExit(f"{run_dir}: run did not finish:\n{out[-2000:]}")
         done_marker.write_text(f"{wall:.1f}\n")
     rows = list(csv.DictReader(open(run_dir / "metrics" / "run.csv")))
-    curve = [(int(r["env_steps"]), float(r["return_mean_20"])) for r in rows
-             if r["return_mean_20"] != "nan"]
     return {"seed": seed, "wall_s": float(done_marker.read_text()),
-            "final": float(rows[-1]["return_mean_100"]), "curve": curve}
+            "final": float(rows[-1]["return_mean_100"]), "run_dir": run_dir}
 
 
 def plot(env_id: str, topology: str, runs: list[dict], path: Path) -> None:
-    import matplotlib
+    from zmqrl.plot import plot_runs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in runs:
-        steps, returns = zip(*r["curve"], strict=True)
-        ax.plot(steps, returns, linewidth=1.2, label=f"seed {r['seed']}")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("mean return (last 20 episodes)")
-    ax.set_title(f"{topology} on {env_id}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plot_runs([r["run_dir"] for r in runs], path, metric="return_mean_20",
+              title=f"{topology} on {env_id} ({len(runs)} seeds)")
 
 
 def main() -> None:

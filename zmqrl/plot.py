@@ -123,6 +123,7 @@ def plot_runs(run_dirs: list[Path], out: Path, metric: str = "return_mean_100",
     for ax in axes:
         ax.set_ylabel(METRICS.get(metric, metric))
         ax.grid(alpha=0.3)
+        ax.set_xlim(left=0)  # from the start: a slow start-up is part of the picture
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4), useMathText=True)
     axes[0].legend(loc="best", fontsize="small")
     envs = sorted({c.env for c in curves if c.env})
