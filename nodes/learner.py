@@ -127,14 +127,15 @@ class Learner(Node):
         import torch
 
         from zmqrl.algos import make_algo
+        from zmqrl.devices import pick_device
         from zmqrl.learning import checks
-        from zmqrl.models import build_model, pick_device
+        from zmqrl.models import build_model
 
         torch.set_num_threads(1)
         topo = self.ctx.topo
         self.cfg = topo.algo_config
         self.kind, self.family = self.cfg.kind, self.cfg.family
-        self.device = pick_device(self.args.device)
+        self.device = pick_device(self.args.device, self.ctx.replica)
         self.env = env_spec(topo.env)
         self.model = build_model(topo.model, self.env, topo.seed).to(self.device)
         recurrent = getattr(self.model, "recurrent", False)
@@ -167,7 +168,7 @@ class Learner(Node):
         if spec.replicas > 1:
             return AllReduce(distributed.rendezvous_address(self.ctx.topo, spec,
                                                             self.ctx.run_dir),
-                             self.ctx.replica, spec.replicas)
+                             self.ctx.replica, spec.replicas, self.device)
         return LocalStep()
 
     @property

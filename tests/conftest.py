@@ -25,6 +25,22 @@ from zmqrl import sockets, wire
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch  # only when a gpu test was collected
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (none visible to torch)")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str,
              interval: float = 0.05) -> object:
     """Poll ``predicate`` until it returns something truthy, or fail after ``timeout``."""

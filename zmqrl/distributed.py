@@ -1,6 +1,7 @@
 """Data-parallel learners: the replicas of one learner node form a torch.distributed
-process group (gloo backend, CPU or CUDA tensors) and average their gradients every
-step, so their parameters stay identical (OpenAI Five's synchronous optimizers).
+process group (gloo for models on the CPU, NCCL on CUDA, one GPU per replica) and
+average their gradients every step, so their parameters stay identical (OpenAI Five's
+synchronous optimizers).
 
 Every replica of a node binds at the same address (one ``host:`` for all of them,
 protocol.md §2), so the replicas of a learner node always share one machine, and the
@@ -120,17 +121,24 @@ def _file_store(base: Path, rank: int, world: int,
     return store
 
 
-def init_group(address: str, rank: int, world: int, timeout_s: float = 120.0) -> None:
-    """Join the group of ``world`` ranks meeting at ``address`` (``rendezvous_address``)."""
+def init_group(address: str, rank: int, world: int, timeout_s: float = 120.0,
+               backend: str = "gloo") -> None:
+    """Join the group of ``world`` ranks meeting at ``address`` (``rendezvous_address``),
+    over ``backend``: ``gloo`` (CPU tensors) or ``nccl`` (CUDA tensors, one GPU per
+    rank). Either keeps its connections on the loopback interface."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     timeout = datetime.timedelta(seconds=timeout_s)
-    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # read when gloo starts
+    loopback = _loopback_interface()
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback  # read when gloo starts
+    os.environ["NCCL_SOCKET_IFNAME"] = loopback  # NCCL's bootstrap and socket transport
     if address.startswith("tcp://"):
         store = _tcp_store(address, rank, world, timeout)
     elif address.startswith("file://"):
         store = _file_store(Path(address.removeprefix("file://")), rank, world, timeout)
     else:
         raise ValueError(f"unknown rendezvous address {address!r}")
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     log.info("rank %d of %d joined at %s", rank, world, address)
 
 

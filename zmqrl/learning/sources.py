@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from zmqrl import messages, wire
+from zmqrl.devices import HostToDevice
 from zmqrl.learning.checks import (
     SEQUENCE_KEYS,
     STATE_KEYS,
@@ -83,6 +84,7 @@ class UnrollInbox:
         self.recurrent = recurrent  # unrolls carry the state they began with (lstm_ac)
         self.columns = columns
         self.device = device
+        self.to_device = HostToDevice(device)  # pinned, non-blocking copies on CUDA
         self.port = port
         self.keys = UNROLL_KEYS + (STATE_KEYS if recurrent else ())
         # (arrays of self.keys [T(+1), n, ...], parameter version that acted) per unroll
@@ -113,7 +115,7 @@ class UnrollInbox:
         if self.queued_columns < self.columns:
             return None
         arrays = self._take(self.columns, version)
-        return Batch({k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()})
+        return Batch(self.to_device.batch(arrays))
 
     def _take(self, columns: int, version: int) -> dict[str, np.ndarray]:
         """The first ``columns`` queued env columns, [T(+1), columns, ...] per key."""
@@ -241,7 +243,7 @@ class SharedUnrollInbox(UnrollInbox):
         tensors = {}
         for k in self.keys:
             joined = _all_gather_columns(mine.get(k), shares, self.rank, *self.layout[k])
-            tensors[k] = torch.from_numpy(joined[:, lo:lo + self.columns]).to(self.device)
+            tensors[k] = self.to_device(k, joined[:, lo:lo + self.columns])
         return Batch(tensors)
 
 
@@ -284,6 +286,7 @@ class ReplayClient:
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.device = device
+        self.to_device = HostToDevice(device)  # pinned, non-blocking copies on CUDA
         self.sequences = sequences
         self.link = link
         self.keys = SEQUENCE_KEYS if sequences else TRANSITION_KEYS
@@ -308,8 +311,8 @@ class ReplayClient:
         if not self.batches:
             return None
         msg = self.batches.popleft()
-        tensors = {k: torch.from_numpy(np.array(msg[k])).to(self.device) for k in self.keys}
-        tensors["weights"] = torch.from_numpy(np.array(msg["weight"])).to(self.device)
+        tensors = {k: self.to_device(k, msg[k]) for k in self.keys}
+        tensors["weights"] = self.to_device("weights", msg["weight"])
         source = msg.fields.get("source")
         return Batch(tensors, keys=msg["key"], source=source if type(source) is str else None)
 

@@ -83,11 +83,14 @@ class LocalStep:
 
 
 class AllReduce(LocalStep):
-    """Data-parallel: this replica joins the gloo group of its ``world`` replicas (at
-    ``address``, as rank ``rank``); the algorithm averages gradients through the hook."""
+    """Data-parallel: this replica joins the group of its ``world`` replicas (at
+    ``address``, as rank ``rank``; NCCL when the model is on CUDA, else gloo); the
+    algorithm averages gradients through the hook."""
 
-    def __init__(self, address: str, rank: int, world: int):
-        distributed.init_group(address, rank, world)
+    def __init__(self, address: str, rank: int, world: int,
+                 device: str | torch.device = "cpu"):
+        cuda = torch.device(device).type == "cuda"
+        distributed.init_group(address, rank, world, backend="nccl" if cuda else "gloo")
         self.algo_options = {"allreduce": distributed.mean_allreduce(world)}
 
     def close(self) -> None:
