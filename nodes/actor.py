@@ -50,6 +50,9 @@ class Actor(Node):
         epsilon_base: float = 0.4
         epsilon_alpha: float = 7.0
         max_outbox: int = 2
+        # Replay actors: transitions held back until this many go in one insert message
+        # (Ape-X's local buffer): fewer, larger messages for the actor and the replay.
+        insert_batch: int = 1
         # remote: split the envs into this many lanes, each with its own request in
         # flight, so stepping one lane overlaps the broker's inference for another.
         lanes: int = 1
@@ -69,6 +72,8 @@ class Actor(Node):
         where = ("nodes", spec.name, "links")
         if spec.args.get("envs", 8) < 1:
             return [(("nodes", spec.name, "args", "envs"), "must be >= 1")]
+        if spec.args.get("insert_batch", 1) < 1:
+            return [(("nodes", spec.name, "args", "insert_batch"), "must be >= 1")]
         if not 1 <= spec.args.get("lanes", 1) <= spec.args.get("envs", 8):
             return [(("nodes", spec.name, "args", "lanes"), "must be between 1 and envs")]
         if policy not in _DRIVERS:

@@ -4,6 +4,8 @@ header gives them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,7 @@ from zmqrl.algo_config import DQNConfig, R2D2Config, VTraceConfig
 from zmqrl.envs import EnvSpec
 from zmqrl.models import build_model
 
+REPO = Path(__file__).resolve().parents[1]
 SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),
                action_dtype=np.dtype(np.int64), num_actions=3)
 H = 8
@@ -139,6 +142,40 @@ def test_transitions_bootstrap_from_the_final_observation_of_a_cut_episode():
     np.testing.assert_array_equal(item.arrays["next_obs"][0], obs1[0])
     np.testing.assert_array_equal(item.arrays["next_obs"][2], final[0])
     assert item.arrays["priority"].shape == (3,) and (item.arrays["priority"] >= 0).all()
+
+
+def test_inserts_wait_for_insert_batch_and_carry_priorities_only_when_asked():
+    """insert_batch 6 with 3 envs and n_step 1: the first step's 3 transitions wait, the
+    second step ships all 6 in one insert. Without ``priorities`` (a uniform replay)
+    the insert has no priority array, which the replay then fills in itself."""
+    for priorities in (True, False):
+        setup = setup_for("dueling_mlp", DQNConfig(n_step=1))
+        setup.priorities, setup.insert_batch = priorities, 6
+        b = EpsilonGreedyBehaviour(setup, 3)
+        rng = np.random.default_rng(0)
+        b.observe(obs_of(3, rng))
+        shipped = []
+        for _ in range(2):
+            act_batched(setup.model, [b], 0)
+            b.outcome(np.ones(3, np.float32), np.zeros(3, bool), np.zeros(3, bool),
+                      np.zeros((0, 4), np.float32))
+            b.observe(obs_of(3, rng))
+            shipped.append(b.take())
+        assert shipped[0] == []
+        (item,) = shipped[1]
+        assert item.arrays["action"].shape == (6,)
+        assert ("priority" in item.arrays) is priorities
+
+
+def test_only_a_prioritized_replay_is_sent_priorities():
+    from zmqrl.acting.q_learning import replay_samples_by_priority
+    from zmqrl.topology import load as load_topology
+
+    apex = load_topology(REPO / "topologies" / "apex.yaml")
+    gorila = load_topology(REPO / "topologies" / "gorila.yaml")
+    assert replay_samples_by_priority(apex, apex.nodes["actor"].links["experience"])
+    assert not replay_samples_by_priority(gorila, gorila.nodes["actor"].links["experience"])
+    assert replay_samples_by_priority(gorila, "elsewhere.experience")  # unknown: send them
 
 
 def test_every_family_has_one_behaviour_for_broker_and_local_actors():

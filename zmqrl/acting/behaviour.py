@@ -53,6 +53,11 @@ class ActingSetup:
     cfg: AlgoConfig
     epsilon: float = 0.01  # ε-greedy behaviours: until a step header says otherwise
     seed: int = 0
+    # Replay behaviours: compute |δ| priorities for what they insert (two more forward
+    # passes per step; only a prioritized replay uses them), and hold transitions back
+    # until this many can go in one insert (Ape-X's local buffer: fewer, larger messages).
+    priorities: bool = True
+    insert_batch: int = 1
 
     @property
     def device(self) -> torch.device:

@@ -19,6 +19,7 @@ import torch
 from zmqrl import wire
 from zmqrl.acting import ActingSetup, EpisodeLog, act_batched, behaviour_for, final_obs
 from zmqrl.acting.params import ParamsFollower
+from zmqrl.acting.q_learning import replay_samples_by_priority
 from zmqrl.models import build_model
 from zmqrl.node import Outbox
 
@@ -36,7 +37,11 @@ class LocalActing:
         destination = "param_server" if "param_server" in actor.sockets else "experience"
         cls = behaviour_for(cfg.family, destination)
         epsilon = actor.epsilon() if cls.explores_by_epsilon else 0.0
-        self.behaviour = cls(ActingSetup(actor.spec, self.model, cfg, epsilon, actor.seed), n)
+        link = actor.ctx.spec.links.get("experience", "")
+        self.behaviour = cls(ActingSetup(
+            actor.spec, self.model, cfg, epsilon, actor.seed,
+            priorities=replay_samples_by_priority(topo, link),
+            insert_batch=actor.args.insert_batch), n)
         self.behaviour.observe(self.obs)
         actor.outbox = self.outbox = Outbox(actor, "experience", actor.args.max_outbox) \
             if "experience" in actor.sockets else None

@@ -1,6 +1,11 @@
 """ε-greedy acting on a Q-network (the ``replay`` family: Ape-X, Gorila actors): n-step
 transitions with initial priorities |δ| computed where they are made, for a replay.
 
+Priorities cost two forward passes per step (online and bootstrap values of the new
+transitions), more than acting itself: they are computed only when the replay samples
+by them (``replay_samples_by_priority``; Gorila's uniform replay does not). Transitions
+go out ``insert_batch`` at a time at least (the actor's ``insert_batch``).
+
 An env whose episode ended contributes its transition with the final observation as
 ``next_obs`` where a time limit cut it (the target bootstraps from it) and with the
 next observation otherwise (a terminal transition's target does not look at it).
@@ -14,6 +19,7 @@ import torch
 from zmqrl import wire
 from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item, take_all
 from zmqrl.algos.dqn import NStepAccumulator, td_priorities
+from zmqrl.topology import Topology
 
 
 class EpsilonGreedyBehaviour(Behaviour):
@@ -69,10 +75,23 @@ class EpsilonGreedyBehaviour(Behaviour):
         self._result = (reward, done, truncated, final_obs)
 
     def take(self) -> list[Item]:
+        if sum(len(p["action"]) for p in self.pending) < self.setup.insert_batch:
+            return []
         items = take_all(self.pending)
         if items is None:
             return []
-        items["priority"] = td_priorities(self.model, items["obs"], items["action"],
-                                          items["reward"], items["discount"],
-                                          items["next_obs"]).astype(np.float32)
+        if self.setup.priorities:
+            items["priority"] = td_priorities(self.model, items["obs"], items["action"],
+                                              items["reward"], items["discount"],
+                                              items["next_obs"]).astype(np.float32)
         return [Item(wire.INSERT, items, {"version": self.version})]
+
+
+def replay_samples_by_priority(topo: Topology, link: str) -> bool:
+    """Whether the replay behind ``link`` ("node.port") samples by priority, so that
+    inserts should carry |δ|. A node we cannot see into (a user's ``impl`` or
+    ``command``) gets them: sending priorities is never wrong, only work."""
+    spec = topo.nodes.get(link.partition(".")[0])
+    if spec is None or spec.kind != "replay" or spec.impl or spec.command:
+        return True
+    return spec.args.get("sampler", "uniform") == "prioritized"
