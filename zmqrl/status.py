@@ -6,7 +6,8 @@ incarnation, starts and restarts, its sockets with their peers and rates, and it
 metrics row. The supervisor of ``zmqrl up`` adds ``status/_supervisor.json`` (what it
 knows and a node cannot say: a node is waiting to be restarted, or failed for good;
 :mod:`zmqrl.runmetrics`). Files are written beside and renamed over, so a reader never
-sees half of one.
+sees half of one. A node writes from a thread of its own: a rename can cost milliseconds
+(ext4 flushes the data of a replaced file), which its loop should not wait for.
 
 Why files and not the CSV tails: a CSV row has no pid, host, incarnation or peers, and
 its header can be rewritten under a reader; a JSON snapshot is self-describing and one
@@ -38,6 +39,7 @@ import json
 import os
 import socket
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,10 +56,10 @@ SILENT_AFTER_MIN_S = 5.0
 SUPERVISOR_STALE_S = 5.0  # it writes every second
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def _write_text(path: Path, text: str) -> None:
     """Write beside and rename over: a reader sees the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":"), default=str))
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -106,6 +108,8 @@ class NodeStatus:
             self.data["restarts"] = int(earlier.get("restarts", 0)) + int(crashed)
         self._mark: tuple[float, float] | None = None  # (time, env steps) of the last row
         self._failed = False
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
 
     def write(self, row: dict[str, Any], links: dict[str, dict[str, Any]]) -> None:
         """The latest metrics ``row`` and per-socket ``links`` (role, peer, rates)."""
@@ -117,19 +121,27 @@ class NodeStatus:
                     max(0.0, steps - self._mark[1]) / (now - self._mark[0]), 1)
             self._mark = (now, float(steps))
         self.data.update(updated_at=time.time(), row=row, links=links)
-        self._save()
+        if self._pending is not None and not self._pending.done():
+            return  # the disk is slower than our interval: the next row will do
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="status")
+        self._pending = self._writer.submit(self._save, json.dumps(self.data, default=str))
 
     def stopped(self, clean: bool) -> None:
-        """The process ends: ``stopped`` after a clean stop, ``crashed`` otherwise."""
+        """The process ends: ``stopped`` after a clean stop, ``crashed`` otherwise
+        (written before this returns)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
         self.data.update(updated_at=time.time(), state="stopped" if clean else "crashed")
-        self._save()
+        self._save(json.dumps(self.data, default=str))
 
-    def _save(self) -> None:
+    def _save(self, text: str) -> None:
         if self._failed:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            _write_json(self.path, self.data)
+            _write_text(self.path, text)
         except OSError:
             self._failed = True  # a read-only or full disk must not stop the node
 
@@ -139,8 +151,8 @@ def write_supervisor(run_dir: Path, nodes: dict[str, dict[str, Any]]) -> None:
     path = Path(run_dir) / STATUS_DIR / SUPERVISOR_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(path, {"pid": os.getpid(), "host": socket.gethostname(),
-                           "updated_at": time.time(), "nodes": nodes})
+        _write_text(path, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                      "updated_at": time.time(), "nodes": nodes}))
     except OSError:
         pass
 
