@@ -303,7 +303,8 @@ class Node:
         self._board = tb.NodeBoard(ctx.run_dir, ctx.label, ctx.spec.kind or ctx.spec.impl)
         self._status = NodeStatus(ctx.run_dir, ctx.label, ctx.spec.name, ctx.replica,
                                   ctx.spec.kind or ctx.spec.impl, self.incarnation,
-                                  self.metrics_interval_s)
+                                  self.metrics_interval_s, ctx.topo.name,
+                                  str(ctx.topo.env.get("id", "")))
         self._last_traffic: dict[str, list[int]] = {}
         self._last_metrics_t = self.started
         self.heartbeat_s = float(ctx.topo.network.get("heartbeat_s", HEARTBEAT_S))

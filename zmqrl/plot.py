@@ -14,6 +14,7 @@ Two panels: return against env steps, and against wall time. Needs matplotlib
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -67,6 +68,14 @@ def load_curve(run_dir: Path, metric: str = "return_mean_100") -> Curve:
         raise ValueError(f"{run_dir}: no {metric} to plot (no episode finished, or no "
                          "metrics/run.csv or learner CSV with it)")
     steps, seconds, returns = (np.array(c, dtype=float) for c in zip(*points, strict=True))
+    if not topo:  # no supervisor wrote topology.yaml: every node's status file names it
+        for path in sorted((run_dir / "status").glob("*.json")):
+            try:
+                status = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            topo = {"name": status.get("topology"), "env": {"id": status.get("env", "")}}
+            break
     env = str((topo.get("env") or {}).get("id", ""))
     return Curve(run_dir, str(topo.get("name") or run_dir.name), env, steps, seconds, returns)
 

@@ -93,13 +93,14 @@ class NodeStatus:
     """
 
     def __init__(self, run_dir: Path, label: str, node: str, replica: int,
-                 kind: str | None, incarnation: str, interval_s: float):
+                 kind: str | None, incarnation: str, interval_s: float,
+                 topology: str = "", env: str = ""):
         self.path = Path(run_dir) / STATUS_DIR / f"{label}.json"
         self.data: dict[str, Any] = {
             "label": label, "node": node, "replica": replica, "kind": kind,
             "pid": os.getpid(), "host": socket.gethostname(), "incarnation": incarnation,
             "started_at": time.time(), "interval_s": interval_s, "state": "running",
-            "starts": 1, "restarts": 0,
+            "starts": 1, "restarts": 0, "topology": topology, "env": env,
         }
         earlier = _read_json(self.path)
         if earlier and earlier.get("incarnation") != incarnation:
@@ -281,7 +282,9 @@ def snapshot(run_dir: Path, now: float | None = None) -> RunView:
     labels = [label for label, _, _ in expected] + [s for s in files
                                                       if s not in {e[0] for e in expected}]
     kinds = {label: kind for label, _, kind in expected}
-    view = RunView(run_dir, str(topo.get("name") or run_dir.name), supervisor)
+    named = next((d.get("topology") for p in files.values()
+                  if (d := _read_json(p)) and d.get("topology")), None) if not topo else None
+    view = RunView(run_dir, str(topo.get("name") or named or run_dir.name), supervisor)
     last = _last_row(run_dir / "metrics" / "run.csv")
     if last:
         view.env_steps = int(_float(last.get("env_steps")) or 0)
