@@ -277,3 +277,46 @@ def test_the_live_view_draws_a_bar_under_the_line():
     assert len(lines) == 2 and "env steps 2,500" in lines[0], lines
     assert "━" in lines[1] and "25% done" in lines[1], lines
     assert "done" not in lines[0]  # said once, beside the bar
+
+
+def test_states_from_the_files_without_a_supervisor(tmp_path):
+    """A honcho run's view: the nodes' own files, their pids and ages say the state."""
+    import json
+
+    from zmqrl.status import NodeStatus, snapshot, write_supervisor
+
+    def node(label: str, incarnation: str = "a") -> NodeStatus:
+        return NodeStatus(tmp_path, label, label, 0, "actor", incarnation, 2.0,
+                          "a2c-cartpole", "CartPole-v1")
+
+    def edit(label: str, **fields) -> None:
+        path = tmp_path / "status" / f"{label}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+    def states() -> dict[str, str]:
+        return {n.label: n.state for n in snapshot(tmp_path).nodes}
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for label in ("alive", "silent", "down", "stopped"):
+        status = node(label)
+        status.write({"env_steps": 10}, {"policy": {"role": "link", "peer": "broker.policy",
+                                                    "in_per_s": 5.0, "out_per_s": 5.0}})
+        status._writer.shutdown(wait=True)  # the file is written by a thread
+    edit("silent", updated_at=time.time() - 60)
+    edit("down", pid=dead.pid)
+    node("stopped").stopped(clean=True)
+    view = snapshot(tmp_path)
+    assert view.name == "a2c-cartpole" and view.supervisor == "none"
+    assert states() == {"alive": "alive", "silent": "silent", "down": "down",
+                        "stopped": "stopped"}
+    assert view.nodes[0].links[0].peer == "broker.policy"
+    # a new process for a label: a restart after a crash, not after a clean stop
+    node("down").stopped(clean=False)
+    assert node("down", "b").data["restarts"] == 1
+    assert node("stopped", "b").data["restarts"] == 0
+    # the supervisor of `zmqrl up` knows what no node can say
+    write_supervisor(tmp_path, {"down": {"state": "restarting", "starts": 2},
+                                "silent": {"state": "failed", "starts": 1}})
+    assert states()["down"] == "restarting" and states()["silent"] == "failed"
+    assert snapshot(tmp_path).supervisor.startswith("pid ")
