@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Group
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -374,8 +374,52 @@ def _bytes(value: float | None) -> str:
     return f"{value:.0f}B"
 
 
-def render(view: RunView) -> Group:
-    """The run's header line and one table row per node socket."""
+COLUMNS = (  # (header, justify); the table's columns, left to right
+    ("node", "left"), ("kind", "left"), ("pid", "right"), ("host", "left"), ("inc", "left"),
+    ("state", "left"), ("rst", "right"), ("steps/s", "right"), ("socket", "left"),
+    ("peer", "left"), ("in/s", "right"), ("out/s", "right"), ("bytes/s", "right"),
+    ("queue", "right"), ("batch", "right"), ("lag", "right"), ("age", "right"))
+# What a narrow terminal loses first; what remains answers "who is the bottleneck".
+DROP_ORDER = ("host", "inc", "age", "kind", "bytes/s", "pid", "peer")
+
+
+def _cells(view: RunView) -> list[tuple[dict[str, Any], bool]]:
+    """One dict of cells per table row (node columns on its first socket's row only),
+    with whether the row ends a node."""
+    rows = []
+    for node in view.nodes:
+        first = {"node": node.label, "kind": node.kind, "pid": str(node.pid or ""),
+                 "host": node.host, "inc": node.incarnation[:6],
+                 "state": Text(node.state, style=STATE_STYLE.get(node.state, "")),
+                 "rst": str(node.restarts), "steps/s": _rate(node.env_steps_per_s),
+                 "batch": node.batch,
+                 "lag": "" if node.policy_lag is None else f"{node.policy_lag:.1f}",
+                 "age": "" if node.age_s is None else f"{node.age_s:.0f}s"}
+        links = node.links or [None]
+        for i, link in enumerate(links):
+            cells: dict[str, Any] = dict(first) if i == 0 else {}
+            if link is not None:
+                arrow = "<-" if link.role == "bind" else "->"
+                cells.update({"socket": link.name, "peer": f"{arrow} {link.peer}",
+                              "in/s": _rate(link.in_per_s), "out/s": _rate(link.out_per_s),
+                              "bytes/s": _bytes(link.bytes_per_s),
+                              "queue": "" if link.queue is None else str(link.queue)})
+            rows.append((cells, i == len(links) - 1))
+    return rows
+
+
+def _table(rows: list[tuple[dict[str, Any], bool]], columns: list[tuple[str, str]]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold", expand=False)
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)
+    for cells, last in rows:
+        table.add_row(*(cells.get(name, "") for name, _ in columns), end_section=last)
+    return table
+
+
+def render(view: RunView, width: int | None = None) -> Group:
+    """The run's header line and one table row per node socket; columns that do not fit
+    in ``width`` characters are left out (``DROP_ORDER``), never squeezed into "…"."""
     head = Text.assemble(
         (f"{view.name}", "bold"), f"  {view.run_dir}  supervisor: {view.supervisor}")
     if view.env_steps is not None:
@@ -384,33 +428,26 @@ def render(view: RunView) -> Group:
         head.append(f"  return(100) {view.return_mean_100:.1f}")
     if view.time_s is not None:
         head.append(f"  {view.time_s:.0f}s")
-    table = Table(box=None, pad_edge=False, header_style="bold", expand=False)
-    for name, justify in (("node", "left"), ("kind", "left"), ("pid", "right"),
-                          ("host", "left"), ("inc", "left"), ("state", "left"),
-                          ("rst", "right"), ("steps/s", "right"), ("socket", "left"),
-                          ("peer", "left"), ("in/s", "right"), ("out/s", "right"),
-                          ("bytes/s", "right"), ("queue", "right"), ("batch", "right"),
-                          ("lag", "right"), ("age", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for node in view.nodes:
-        first = [node.label, node.kind, str(node.pid or ""), node.host,
-                 node.incarnation[:6], Text(node.state, style=STATE_STYLE.get(node.state, "")),
-                 str(node.restarts), _rate(node.env_steps_per_s)]
-        rest = [node.batch, "" if node.policy_lag is None else f"{node.policy_lag:.1f}",
-                "" if node.age_s is None else f"{node.age_s:.0f}s"]
-        links = node.links or [None]
-        for i, link in enumerate(links):
-            cells = ["", "", "", "", "", "", "", ""] if i else first
-            if link is None:
-                middle = ["", "", "", "", "", ""]
-            else:
-                arrow = "<-" if link.role == "bind" else "->"
-                middle = [link.name, f"{arrow} {link.peer}", _rate(link.in_per_s),
-                          _rate(link.out_per_s), _bytes(link.bytes_per_s),
-                          "" if link.queue is None else str(link.queue)]
-            table.add_row(*cells, *middle, *(rest if i == 0 else ["", "", ""]),
-                          end_section=i == len(links) - 1 and node is not view.nodes[-1])
+    rows = _cells(view)
+    columns = list(COLUMNS)
+    if len({n.host for n in view.nodes if n.host}) <= 1:  # one host: said once, above
+        columns.remove(("host", "left"))
+        hosts = {n.host for n in view.nodes if n.host}
+        if hosts:
+            head.append(f"  host {hosts.pop()}")
+    table = _table(rows, columns)
+    if width is not None:
+        measure = Console(width=10_000, file=io.StringIO())
+        for name in DROP_ORDER:
+            if table_width(measure, table) <= width:
+                break
+            columns = [c for c in columns if c[0] != name]
+            table = _table(rows, columns)
     return Group(head, table)
+
+
+def table_width(console: Console, table: Table) -> int:
+    return console.measure(table).maximum
 
 
 def latest_run(root: Path = Path("runs")) -> Path | None:
