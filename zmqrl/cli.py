@@ -258,14 +258,14 @@ def status(run_dir: str | None, once: bool, interval: float) -> None:
     if once or not console.is_terminal:
         if not console.is_terminal:  # a pipe or a file: no wrapping of the table
             console = Console(highlight=False, width=max(console.width, 200))
-        console.print(render(snapshot(directory)))
+        console.print(render(snapshot(directory), console.width))
         return
     try:
-        with Live(render(snapshot(directory)), console=console, auto_refresh=False,
-                  screen=False) as live:
+        with Live(render(snapshot(directory), console.width), console=console,
+                  auto_refresh=False, screen=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(render(snapshot(directory)), refresh=True)
+                live.update(render(snapshot(directory), console.width), refresh=True)
     except KeyboardInterrupt:
         pass
 
