@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 
@@ -42,7 +41,7 @@ def no_network_limit(topo: Any, num_envs: int, seconds: float) -> float:
     steps, start = 0, time.perf_counter()
     deadline = start + seconds
     while time.perf_counter() < deadline:
-        action, _ = model.act(torch.from_numpy(obs.astype(np.float32)))
+        action, _ = model.act(torch.from_numpy(obs))  # the env's dtype: the model converts
         obs, *_ = env.step(action.numpy())
         steps += num_envs
     elapsed = time.perf_counter() - start

@@ -41,7 +41,7 @@ def evaluate_unrolls(model: torch.nn.Module, batch: dict[str, torch.Tensor]
     if getattr(model, "recurrent", False):
         return _evaluate_recurrent(model, batch)
     T, B = batch["action"].shape[:2]
-    obs = batch["obs"].float()
+    obs = batch["obs"]  # the env's dtype: the model converts (uint8 frames where it runs)
     flat_obs = obs.reshape((T + 1) * B, *obs.shape[2:])
     action = batch["action"].reshape(T * B, *batch["action"].shape[2:])
     target_logp, entropy, values = model.evaluate(flat_obs[:T * B], action)
@@ -61,4 +61,4 @@ def _evaluate_recurrent(model: torch.nn.Module, batch: dict[str, torch.Tensor]
     # [1, B, H] keeps the unroll time-major, so that batching and column slicing along
     # axis 1 treat it like every other key; [B, H] is accepted too.
     h, c = (batch[k][0] if batch[k].dim() == 3 else batch[k] for k in ("state_h", "state_c"))
-    return model.unroll(batch["obs"].float(), first, (h.float(), c.float()), batch["action"])
+    return model.unroll(batch["obs"], first, (h.float(), c.float()), batch["action"])

@@ -194,10 +194,12 @@ def td_priorities(model: torch.nn.Module, obs, action, reward, discount, next_ob
     device = next(model.parameters()).device
 
     def as_tensor(x, dtype=torch.float32):
-        return torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x,
-                               device=device).to(dtype)
+        t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x,
+                            device=device)
+        return t if dtype is None else t.to(dtype)
 
-    obs, next_obs = as_tensor(obs), as_tensor(next_obs)
+    # Observations keep the env's dtype (uint8 frames): the model converts them.
+    obs, next_obs = as_tensor(obs, None), as_tensor(next_obs, None)
     action = as_tensor(action, torch.int64)
     q = model(obs).gather(-1, action.unsqueeze(-1)).squeeze(-1)
     targets = _targets(model, target_model if target_model is not None else model,
@@ -224,7 +226,7 @@ class DQNLearner(TargetQLearner):
         discount [B] (gamma^m or 0), weights [B] (importance weights; optional).
         Returns (loss, loss terms, new priorities |td| [B] as float32 CPU)."""
         cfg = self.cfg
-        obs, next_obs = batch["obs"].float(), batch["next_obs"].float()
+        obs, next_obs = batch["obs"], batch["next_obs"]  # the env's dtype: models convert
         reward, discount = batch["reward"].float(), batch["discount"].float()
         action = batch["action"].long()
         weights = batch.get("weights")

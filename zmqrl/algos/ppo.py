@@ -142,7 +142,7 @@ class PPOLearner:
             discounts = cfg.discount * (~batch["done"].bool()).float()
             advantages, returns = gae(rewards, values[:T], values[T], discounts,
                                       cfg.gae_lambda)
-        obs = batch["obs"][:T].float()
+        obs = batch["obs"][:T]  # the env's dtype: the model converts
         action = batch["action"]
         return {
             "obs": obs.reshape(T * B, *obs.shape[2:]),

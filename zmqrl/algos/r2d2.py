@@ -171,7 +171,7 @@ class R2D2Learner(TargetQLearner):
         Returns (loss, loss terms, new priorities [B] as float32 CPU)."""
         cfg = self.cfg
         b = cfg.burn_in
-        obs = batch["obs"].float().transpose(0, 1)  # time-major [L+1, B, ...]
+        obs = batch["obs"].transpose(0, 1)  # time-major [L+1, B, ...]; models convert
         action = batch["action"].long().transpose(0, 1)
         reward = batch["reward"].float().transpose(0, 1)
         done = batch["done"].bool().transpose(0, 1)

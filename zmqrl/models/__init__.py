@@ -1,11 +1,13 @@
 """Torch networks. ``build_model`` turns a topology's ``model`` section into a module.
 
-``MODEL_KINDS`` maps ``model.kind`` to a class taking (EnvSpec, model config); the
-networks live in one module per family (feed-forward, recurrent).
+``MODEL_KINDS`` maps ``model.kind`` to a class (or a class with its torso chosen)
+taking (EnvSpec, model config); the networks live in one module per family
+(feed-forward, recurrent, conv).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,12 +15,38 @@ import torch
 from torch import nn
 
 from zmqrl.envs import EnvSpec
+from zmqrl.models.conv import (
+    ConvActorCritic,
+    ConvDuelingQNetwork,
+    ConvLSTMActorCritic,
+    ConvLSTMQNetwork,
+)
 from zmqrl.models.feedforward import ActorCritic, DuelingQNetwork
 from zmqrl.models.recurrent import RecurrentActorCritic, RecurrentQNetwork
 
-MODEL_KINDS: dict[str, type[nn.Module]] = {"mlp": ActorCritic, "dueling_mlp": DuelingQNetwork}
+MODEL_KINDS: dict[str, Callable[..., nn.Module]] = {
+    "mlp": ActorCritic, "dueling_mlp": DuelingQNetwork}
 MODEL_KINDS["lstm_q"] = RecurrentQNetwork
 MODEL_KINDS["lstm_ac"] = RecurrentActorCritic
+
+
+def _on_torso(cls: Callable[..., nn.Module], torso: str) -> Callable[..., nn.Module]:
+    """``cls`` with its torso fixed by the kind's name (not an option of the YAML)."""
+    def make(spec: EnvSpec, **options: Any) -> nn.Module:
+        if "torso" in options:
+            raise ValueError("the torso is part of the kind (nature_cnn, impala_cnn, ...); "
+                             "drop the option 'torso'")
+        return cls(spec, torso=torso, **options)
+    return make
+
+
+# Pixels (zmqrl.models.conv): each head on the Nature and the IMPALA torso.
+for _torso in ("nature", "impala"):
+    MODEL_KINDS[f"{_torso}_cnn"] = _on_torso(ConvActorCritic, _torso)
+    MODEL_KINDS[f"{_torso}_cnn_lstm"] = _on_torso(ConvLSTMActorCritic, _torso)
+    MODEL_KINDS[f"dueling_{_torso}_cnn"] = _on_torso(ConvDuelingQNetwork, _torso)
+    MODEL_KINDS[f"{_torso}_cnn_lstm_q"] = _on_torso(ConvLSTMQNetwork, _torso)
+
 # The algorithms each model can serve (checked by ``zmqrl validate``): actor-critic
 # heads for the unroll algorithms, Q heads for the replay ones. PPO shuffles single
 # steps into minibatches, which a recurrent policy cannot use.
@@ -28,6 +56,11 @@ MODEL_ALGOS: dict[str, frozenset[str]] = {
     "dueling_mlp": frozenset({"dqn"}),
     "lstm_q": frozenset({"r2d2"}),
 }
+for _torso in ("nature", "impala"):
+    MODEL_ALGOS[f"{_torso}_cnn"] = MODEL_ALGOS["mlp"]
+    MODEL_ALGOS[f"{_torso}_cnn_lstm"] = MODEL_ALGOS["lstm_ac"]
+    MODEL_ALGOS[f"dueling_{_torso}_cnn"] = MODEL_ALGOS["dueling_mlp"]
+    MODEL_ALGOS[f"{_torso}_cnn_lstm_q"] = MODEL_ALGOS["lstm_q"]
 
 
 def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray,

@@ -22,6 +22,12 @@ LOG_2 = math.log(2.0)
 TANH_EPS = 1e-6
 
 
+def as_float(obs: torch.Tensor) -> torch.Tensor:
+    """Observations come in the env's dtype: integer ones (uint8) become float32, floats
+    stay as they are (a float64 model keeps its precision)."""
+    return obs if obs.is_floating_point() else obs.float()
+
+
 def mlp(sizes: list[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
@@ -117,7 +123,7 @@ class ActorCritic(nn.Module):
 
     # ----- shared pieces ---------------------------------------------------------------
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        flat = obs.reshape(obs.shape[0], -1)
+        flat = as_float(obs.reshape(obs.shape[0], -1))
         return flat if self.obs_norm is None else self.obs_norm(flat)
 
     def _gaussian(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,10 +233,11 @@ def relu_torso(spec: EnvSpec, hidden: Sequence[int]) -> tuple[nn.Sequential, int
     return nn.Sequential(*layers), sizes[-1]
 
 
-def init_dueling(torso: nn.Sequential, value: nn.Linear, advantage: nn.Linear) -> None:
-    """Orthogonal init: gain sqrt(2) for the ReLU torso, 1 for the two heads."""
-    for layer in torso:
-        if isinstance(layer, nn.Linear):
+def init_dueling(torso: nn.Module, value: nn.Linear, advantage: nn.Linear) -> None:
+    """Orthogonal init: gain sqrt(2) for the ReLU torso (an MLP or a conv net), 1 for the
+    two heads."""
+    for layer in torso.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
             nn.init.orthogonal_(layer.weight, 2**0.5)
             nn.init.zeros_(layer.bias)
     for head in (value, advantage):
@@ -261,7 +268,8 @@ class DuelingQNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values [N, A] for observations [N, ...]."""
-        return dueling_q(self.torso(obs.reshape(obs.shape[0], -1)), self.value, self.advantage)
+        flat = as_float(obs.reshape(obs.shape[0], -1))
+        return dueling_q(self.torso(flat), self.value, self.advantage)
 
     @torch.inference_mode()
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:

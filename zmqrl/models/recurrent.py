@@ -1,5 +1,7 @@
 """Recurrent networks: an LSTM core that resets at episode starts, and the R2D2
-Q-network and the recurrent actor-critic (V-trace/A2C unrolls) built on it.
+Q-network and the recurrent actor-critic (V-trace/A2C unrolls) built on it, each over
+any torso (``LSTMQNetwork``, ``LSTMActorCritic``; the MLP ones here, conv ones in
+``zmqrl.models.conv``).
 
 Time-major throughout: inputs are [T, B, ...] with ``first`` [T, B] marking the
 observations that start an episode, and the recurrent state is a pair (h, c) of
@@ -65,22 +67,27 @@ class LSTMCore(nn.Module):
         return torch.stack(outs), (h, c)
 
 
-class RecurrentQNetwork(nn.Module):
-    """R2D2's Q-network (model kind ``lstm_q``): a ReLU MLP torso over the flat
-    observation, an :class:`LSTMCore`, then a dueling head
-    Q = V + A - mean_a A (Wang et al. 2016). Discrete actions only."""
+class LSTMQNetwork(nn.Module):
+    """R2D2's Q-network over any torso: the torso's features per observation, an
+    :class:`LSTMCore`, then a dueling head Q = V + A - mean_a A (Wang et al. 2016).
+    Discrete actions only. Subclasses build the torso (an MLP here, a conv net in
+    ``zmqrl.models.conv``) and say in :meth:`encode` how it reads observations."""
 
     recurrent = True  # nodes and learners check getattr(model, "recurrent", False)
 
-    def __init__(self, spec: EnvSpec, hidden: Sequence[int] = (64,), lstm: int = 64):
+    def __init__(self, spec: EnvSpec, kind: str, torso: nn.Module, features: int, lstm: int):
         super().__init__()
-        num_actions = discrete_actions(spec, "lstm_q")
-        self.torso, features = relu_torso(spec, hidden)  # hidden may be empty
+        num_actions = discrete_actions(spec, kind)
+        self.torso = torso
         self.core = LSTMCore(features, lstm)
         self.value = nn.Linear(lstm, 1)
         self.advantage = nn.Linear(lstm, num_actions)
         self.state_size = lstm
         init_dueling(self.torso, self.value, self.advantage)  # the LSTM keeps torch's
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """Torso features [N, F] of observations [N, ...] (in the env's dtype)."""
+        return self.torso(obs)
 
     def initial_state(self, n: int, device: torch.device | str | None = None) -> State:
         return self.core.initial_state(n, device)
@@ -89,7 +96,7 @@ class RecurrentQNetwork(nn.Module):
                 ) -> tuple[torch.Tensor, State]:
         """Q-values [T, B, A] for observations [T, B, ...], and the final state."""
         T, B = obs.shape[:2]
-        x = self.torso(obs.reshape(T * B, -1).float()).reshape(T, B, -1)  # one pass
+        x = self.encode(obs.reshape(T * B, *obs.shape[2:])).reshape(T, B, -1)  # one pass
         out, state = self.core(x, first, state)
         return dueling_q(out, self.value, self.advantage), state
 
@@ -101,17 +108,29 @@ class RecurrentQNetwork(nn.Module):
         return q[0], state
 
 
-class RecurrentActorCritic(nn.Module):
-    """Recurrent actor-critic (model kind ``lstm_ac``): a tanh MLP torso over the flat
-    observation, an :class:`LSTMCore`, then a policy head and a value head on the LSTM
-    output.
+class RecurrentQNetwork(LSTMQNetwork):
+    """R2D2's Q-network (model kind ``lstm_q``): a ReLU MLP torso over the flat
+    observation (``hidden`` may be empty), the LSTM core and the dueling head."""
+
+    def __init__(self, spec: EnvSpec, hidden: Sequence[int] = (64,), lstm: int = 64):
+        torso, features = relu_torso(spec, hidden)
+        super().__init__(spec, "lstm_q", torso, features, lstm)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.torso(obs.reshape(obs.shape[0], -1).float())
+
+
+class LSTMActorCritic(nn.Module):
+    """A recurrent actor-critic over any torso: the torso's features per observation, an
+    :class:`LSTMCore`, then a policy head and a value head on the LSTM output.
+    Subclasses build the torso (an MLP here, a conv net in ``zmqrl.models.conv``) and
+    say in :meth:`encode` how it reads observations.
 
     Discrete actions (``spec.num_actions`` set): the policy head outputs logits
     (``log_std_init`` is ignored). Box actions: a diagonal Gaussian whose mean the
     policy head outputs, with a state-independent learned log-std (initialised to
-    ``log_std_init``; ``log_std`` takes only ``"state_independent"``, the option is
-    there so that configs read as ``mlp``'s). The action is the raw Gaussian sample, as
-    ``ActorCritic``'s ``squash: clip``: whoever steps the env clips it to the bounds.
+    ``log_std_init``). The action is the raw Gaussian sample, as ``ActorCritic``'s
+    ``squash: clip``: whoever steps the env clips it to the bounds.
 
     API: ``initial_state`` and ``step`` / ``step_values`` (acting, one step of N envs,
     under inference mode) and ``unroll`` (learner: a time-major unroll from its stored
@@ -123,20 +142,11 @@ class RecurrentActorCritic(nn.Module):
 
     recurrent = True
 
-    def __init__(self, spec: EnvSpec, hidden: Sequence[int] = (64,), lstm: int = 64,
-                 log_std: str = "state_independent", log_std_init: float = 0.0):
-        hidden = list(hidden)
+    def __init__(self, spec: EnvSpec, torso: nn.Module, features: int, lstm: int,
+                 log_std_init: float = 0.0):
         super().__init__()
-        if log_std != "state_independent":
-            raise ValueError(f"model lstm_ac: log_std must be 'state_independent', "
-                             f"not {log_std!r}")
-        obs_dim = int(np.prod(spec.obs_shape)) if spec.obs_shape else 1
-        layers: list[nn.Module] = []
-        sizes = [obs_dim, *hidden]  # hidden may be empty: the LSTM reads the obs
-        for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [nn.Linear(n_in, n_out), nn.Tanh()]
-        self.torso = nn.Sequential(*layers)
-        self.core = LSTMCore(sizes[-1], lstm)
+        self.torso = torso
+        self.core = LSTMCore(features, lstm)
         self.state_size = lstm
         self.discrete = spec.num_actions is not None
         if self.discrete:
@@ -150,13 +160,17 @@ class RecurrentActorCritic(nn.Module):
         self.value = nn.Linear(lstm, 1)
         # As ActorCritic: orthogonal init and a small policy layer, so the first policy
         # is close to uniform (or to a zero-mean Gaussian); the LSTM keeps torch's default.
-        for layer in self.torso:
-            if isinstance(layer, nn.Linear):
+        for layer in self.torso.modules():
+            if isinstance(layer, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(layer.weight, 2**0.5)
                 nn.init.zeros_(layer.bias)
         for head, gain in ((self.policy, 0.01), (self.value, 1.0)):
             nn.init.orthogonal_(head.weight, gain)
             nn.init.zeros_(head.bias)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """Torso features [N, F] of observations [N, ...] (in the env's dtype)."""
+        return self.torso(obs)
 
     def initial_state(self, n: int, device: torch.device | str | None = None) -> State:
         return self.core.initial_state(n, device)
@@ -167,7 +181,7 @@ class RecurrentActorCritic(nn.Module):
         observations [T, B, ...] with ``first`` [T, B], and the state after the last
         step."""
         T, B = obs.shape[:2]
-        x = self.torso(obs.reshape(T * B, -1).float()).reshape(T, B, -1)  # one pass
+        x = self.encode(obs.reshape(T * B, *obs.shape[2:])).reshape(T, B, -1)  # one pass
         out, state = self.core(x, first, state)
         return self.policy(out), self.value(out).squeeze(-1), state
 
@@ -225,3 +239,25 @@ class RecurrentActorCritic(nn.Module):
         logp, entropy = self._logp_entropy(head[:T], action)
         values = torch.cat([values[:T], values[T:].detach()])
         return logp, entropy, values
+
+
+class RecurrentActorCritic(LSTMActorCritic):
+    """Recurrent actor-critic (model kind ``lstm_ac``): a tanh MLP torso over the flat
+    observation (``hidden`` may be empty: the LSTM reads the observation), the LSTM core
+    and the heads of :class:`LSTMActorCritic`. ``log_std`` takes only
+    ``"state_independent"``; the option is there so that configs read as ``mlp``'s."""
+
+    def __init__(self, spec: EnvSpec, hidden: Sequence[int] = (64,), lstm: int = 64,
+                 log_std: str = "state_independent", log_std_init: float = 0.0):
+        if log_std != "state_independent":
+            raise ValueError(f"model lstm_ac: log_std must be 'state_independent', "
+                             f"not {log_std!r}")
+        obs_dim = int(np.prod(spec.obs_shape)) if spec.obs_shape else 1
+        layers: list[nn.Module] = []
+        sizes = [obs_dim, *hidden]
+        for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(n_in, n_out), nn.Tanh()]
+        super().__init__(spec, nn.Sequential(*layers), sizes[-1], lstm, log_std_init)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.torso(obs.reshape(obs.shape[0], -1).float())
