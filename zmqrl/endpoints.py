@@ -6,6 +6,10 @@ it). A node that names a ``host`` binds tcp on that host, on a port derived from
 topology's ``network.base_port`` and the port's position in the sorted list of all
 bound ports: every process computes the same table from the same YAML.
 
+An engine that places nodes itself (``up --engine ray``) resolves addresses only after
+placement; it hands each node the resolved table as a file (``zmqrl node --endpoints
+FILE``, :meth:`Endpoints.load`), and nodes use it exactly as a derived one.
+
 ipc endpoints are plain (no CURVE): the directory holding the socket files is what keeps
 other local users out, so it is made private (mode 0700, whatever the umask) and a
 directory this user does not own, a symbolic link, or (in /tmp, where anyone may have
@@ -15,9 +19,11 @@ made it first) a directory others may write to is refused, never used.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from zmqrl.topology import Topology, ports_of
@@ -108,6 +114,34 @@ class Endpoints:
                     else:
                         addresses.append(f"ipc://{directory}/{name}-{replica}-{port}")
                 self._table[(name, port)] = addresses
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, list[str]]) -> Endpoints:
+        """Addresses resolved elsewhere: ``{"node.port": [address of each replica]}``."""
+        self = cls.__new__(cls)
+        self._table = {}
+        for target, addresses in table.items():
+            node, sep, port = target.partition(".")
+            if not sep or not isinstance(addresses, list) or \
+                    not all(isinstance(a, str) for a in addresses):
+                raise ValueError(f"bad endpoints entry {target!r}: {addresses!r}")
+            self._table[(node, port)] = list(addresses)
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path) -> Endpoints:
+        """A table written by :meth:`save` (``zmqrl node --endpoints FILE``)."""
+        return cls.from_table(json.loads(Path(path).read_text()))
+
+    def table(self) -> dict[str, list[str]]:
+        return {f"{node}.{port}": list(a) for (node, port), a in self._table.items()}
+
+    def save(self, path: str | Path) -> None:
+        """Write the table (atomically: a node starting meanwhile reads all or none)."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.table(), indent=1, sort_keys=True))
+        tmp.replace(path)
 
     def bind_address(self, node: str, port: str, replica: int) -> str:
         return self._table[(node, port)][replica]

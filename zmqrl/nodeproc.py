@@ -45,8 +45,9 @@ def _check(topo: Topology, name: str, replica: int) -> None:
 
 
 def run_node(topo: Topology, name: str, replica: int, run_dir: Path,
-             supervisor: str | None = None) -> int:
-    """Run one node replica in this process until it is told to stop."""
+             supervisor: str | None = None, endpoints: Endpoints | None = None) -> int:
+    """Run one node replica in this process until it is told to stop. ``endpoints``:
+    addresses resolved by an engine after placement (default: derived from ``topo``)."""
     _check(topo, name, replica)
     spec = topo.nodes[name]
     label = make_label(name, replica, spec.replicas)
@@ -56,8 +57,8 @@ def run_node(topo: Topology, name: str, replica: int, run_dir: Path,
         raise SystemExit(f"node {label} already runs in {run_dir} ({exc.holder})") from None
     try:
         cls = load_class(spec.target)
-        ctx = NodeContext(topo, spec, replica, Path(run_dir), Endpoints(topo, run_dir),
-                          supervisor)
+        ctx = NodeContext(topo, spec, replica, Path(run_dir),
+                          endpoints or Endpoints(topo, run_dir), supervisor)
         return cls(ctx).run()
     finally:
         lock.release()

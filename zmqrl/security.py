@@ -5,7 +5,11 @@ A topology turns it on with ``network: {curve: {keys: DIR}}``. ``DIR`` holds the
 
 * ``server.key`` / ``server.key_secret``: the keypair of every bound tcp socket;
 * ``client.key`` / ``client.key_secret``: the keypair every connecting tcp socket uses;
-* any further ``NAME.key`` (public only): another client allowed to connect.
+* any further ``NAME.key`` (public only): another client allowed to connect;
+* optionally ``servers.json``: ``{"tcp://host:port": "<z85 public key>"}``, the server
+  key of each address that is not ``server.key``'s. An engine that makes one server
+  keypair per node on the host it runs on (``up --engine ray``) writes it, so no server
+  secret leaves its host.
 
 Every socket on a tcp endpoint is then encrypted and authenticated. A bound socket is a
 CURVE server with the server secret key and asks its process's ZAP handler
@@ -19,11 +23,12 @@ run directory, guarded by file permissions, so a run on one machine needs no key
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
 
 SERVER = "server"
 CLIENT = "client"
+SERVER_KEYS = "servers.json"  # optional: per-address server public keys
 # Every bound tcp socket asks the ZAP handler under this domain.
 ZAP_DOMAIN = "zmqrl"
 # A refused client may retry every reconnect interval; log each key at most this often.
@@ -121,7 +127,26 @@ def check_key_dir(directory: Path) -> list[str]:
                 _load(path, secret=False)
             except ValueError as exc:
                 problems.append(f"allowed client key: {exc}")
+    try:
+        _server_keys(directory)
+    except ValueError as exc:
+        problems.append(str(exc))
     return problems
+
+
+def _server_keys(directory: Path) -> dict[str, bytes]:
+    """``servers.json`` of a key directory (empty without one); ValueError if malformed."""
+    path = directory / SERVER_KEYS
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or not all(
+            isinstance(a, str) and isinstance(k, str) and len(k) == 40 for a, k in raw.items()):
+        raise ValueError(f"{path} must map addresses to z85 public keys (40 characters)")
+    return {address: key.encode() for address, key in raw.items()}
 
 
 @dataclass(frozen=True)
@@ -134,6 +159,12 @@ class CurveKeys:
     client_public: bytes
     client_secret: bytes
     allowed_clients: frozenset[bytes]  # public keys the ZAP handler lets in
+    # address -> its server's public key, where not server_public (servers.json)
+    server_keys: dict[str, bytes] = field(default_factory=dict, hash=False, compare=False)
+
+    def server_key_for(self, address: str) -> bytes:
+        """The public key a client must expect from the server at ``address``."""
+        return self.server_keys.get(address, self.server_public)
 
 
 def load_keys(directory: Path) -> CurveKeys:
@@ -150,7 +181,7 @@ def load_keys(directory: Path) -> CurveKeys:
                if p.name != f"{SERVER}.key"}
     assert server_secret is not None and client_secret is not None  # secret=True checked
     return CurveKeys(directory, server_public, server_secret, client_public, client_secret,
-                     frozenset(allowed))
+                     frozenset(allowed), _server_keys(directory))
 
 
 def configured_dir(network: dict[str, Any]) -> Path | None:

@@ -91,6 +91,9 @@ def connect(
             raise ValueError(f"cannot mix tcp and ipc endpoints under CURVE: {addresses}")
         security.make_client(sock, opts.curve)
     for address in addresses:
+        if opts.curve is not None and security.is_tcp(address):
+            # Read at connect: each address may have a server key of its own.
+            sock.curve_serverkey = opts.curve.server_key_for(address)
         sock.connect(address)
     return sock
 
