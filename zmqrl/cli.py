@@ -68,15 +68,36 @@ def main() -> None:
               help="Stop after this long (this invocation).")
 @click.option("--target-return", type=float,
               help="Stop once the mean return of the last 100 episodes reaches this.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True,
+              help="local: every node on this machine. ray: every node replica placed on a "
+                   "Ray cluster (pip install 'zmqrl[ray]'; docs/scale-out.md).")
+@click.option("--address", metavar="ADDR",
+              help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else a "
+                   "local Ray started for the run).")
+@click.option("--strategy", type=click.Choice(["pack", "spread", "strict-pack",
+                                               "strict-spread"]),
+              default="pack", show_default=True,
+              help="With --engine ray: how the run's placement group packs node replicas.")
+@click.option("--curve/--no-curve", default=None,
+              help="With --engine ray: encrypt and authenticate every tcp link (default: "
+                   "on when the cluster has more than one node).")
+@click.option("--placement-timeout", default=120.0, show_default=True,
+              type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="With --engine ray: give up if the cluster cannot place the run in S.")
 @_set_option
 def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
        max_steps: int | None, max_seconds: float | None, target_return: float | None,
-       sets: tuple[str, ...]) -> None:
-    """Run every node of TOPOLOGY on this machine until stopped.
+       engine: str, address: str | None, strategy: str, curve: bool | None,
+       placement_timeout: float, sets: tuple[str, ...]) -> None:
+    """Run every node of TOPOLOGY on this machine (or, with --engine ray, on a Ray
+    cluster) until stopped.
 
     A new run refuses a --run-dir that holds checkpoints (it would silently resume or
     overwrite that run): continue such a run with --resume RUN_DIR.
     """
+    if engine != "ray" and (address is not None or strategy != "pack" or curve is not None):
+        raise click.UsageError("--address, --strategy and --curve need --engine ray")
     def check(directory: Path) -> None:
         try:
             launch.check_run_dir(directory, resume=resume_dir is not None)
@@ -97,8 +118,19 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo)
     check(directory)
     stop = launch.StopConditions(max_steps, max_seconds, target_return)
+    if engine == "ray":
+        try:
+            from zmqrl.engines.ray_supervisor import RayOptions, RaySupervisor
+        except ImportError as exc:
+            raise click.ClickException(f"--engine ray needs Ray ({exc}): pip install "
+                                       "'zmqrl[ray]'") from None
+        supervisor: launch.Supervisor = RaySupervisor(
+            topo, directory, stop, RayOptions(address, strategy, curve, placement_timeout),
+            resume=resume_dir is not None)
+    else:
+        supervisor = launch.Supervisor(topo, directory, stop, resume=resume_dir is not None)
     try:
-        code = launch.Supervisor(topo, directory, stop, resume=resume_dir is not None).run()
+        code = supervisor.run()
     except launch.RunDirError as exc:  # another run took the directory meanwhile
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -113,13 +145,16 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
               help="Shared by every node of the run (ipc sockets live there). "
                    "Default: runs/<name>.")
 @click.option("--supervisor", help="Address of the supervisor to report to (set by `up`).")
+@click.option("--endpoints", "endpoints_file", type=click.Path(dir_okay=False, exists=True),
+              help="Addresses resolved after placement (JSON, written by `up --engine ray`) "
+                   "instead of those derived from TOPOLOGY.")
 @click.option("--restart-in-process", "--watchdog", "watch", is_flag=True,
               help="Run the node as a child process and restart it by its restart policy "
                    "after any exit, signals included (for honcho: one node's death must "
                    "not end the Procfile).")
 @_set_option
 def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor: str | None,
-         watch: bool, sets: tuple[str, ...]) -> None:
+         endpoints_file: str | None, watch: bool, sets: tuple[str, ...]) -> None:
     """Run node NAME of TOPOLOGY (one replica) in this process (or, with --watchdog, in a
     child process that is restarted). Stops on SIGTERM, SIGINT and SIGHUP."""
     # Only what this node needs is checked: building the model to check it would load
@@ -132,10 +167,16 @@ def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor
                         format="%(levelname)s %(name)s: %(message)s")
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo, timestamped=False)
     if not watch:
-        sys.exit(launch.run_node(topo, name, replica, directory, supervisor))
+        table = None
+        if endpoints_file is not None:
+            from zmqrl.endpoints import Endpoints
+
+            table = Endpoints.load(endpoints_file)
+        sys.exit(launch.run_node(topo, name, replica, directory, supervisor, table))
     child = [sys.executable, "-m", "zmqrl.cli", "node", topology, name, "--replica",
              str(replica), "--run-dir", str(directory)]
     child += ["--supervisor", supervisor] if supervisor else []
+    child += ["--endpoints", endpoints_file] if endpoints_file else []
     for pair in sets:
         child += ["--set", pair]
     sys.exit(launch.watchdog(topo, name, replica, directory, child))
@@ -144,12 +185,20 @@ def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor
 @main.command()
 @click.argument("topology", type=click.Path(dir_okay=False))
 @click.option("--run-dir", default=None, help="Default: runs/<name>.")
+@click.option("--host", metavar="H",
+              help="Only the nodes whose `host:` is H: the Procfile of that host in a "
+                   "hand-placed run (docs/scale-out.md).")
 @_set_option
-def procfile(topology: str, run_dir: str | None, sets: tuple[str, ...]) -> None:
+def procfile(topology: str, run_dir: str | None, host: str | None,
+             sets: tuple[str, ...]) -> None:
     """Print a Procfile (for honcho/foreman) that runs TOPOLOGY."""
     topo = _load(topology, sets)
+    if host is not None and not any(spec.host == host for spec in topo.nodes.values()):
+        known = sorted({s.host for s in topo.nodes.values() if s.host})
+        raise click.BadParameter(f"no node of {topology} has host: {host} (hosts: "
+                                 f"{', '.join(known) or 'none'})", param_hint="--host")
     directory = run_dir or str(launch.default_run_dir(topo, timestamped=False))
-    click.echo(launch.procfile(topo, topology, directory), nl=False)
+    click.echo(launch.procfile(topo, topology, directory, host), nl=False)
 
 
 @main.command()
