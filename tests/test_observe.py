@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -180,9 +181,10 @@ def _node_block(text: str, label: str) -> list[str]:
 def test_status_once_lists_every_node_with_its_links(runs):
     text = runs.status_live
     assert "a2c-cartpole" in text and "supervisor: pid" in text, text
+    assert f"host {socket.gethostname()}" in text.splitlines()[0]  # one host: said once
     header = text.splitlines()[1].split()
-    for column in ("pid", "host", "inc", "state", "rst", "steps/s", "socket", "in/s",
-                   "out/s", "queue", "batch", "lag"):
+    for column in ("pid", "inc", "state", "rst", "steps/s", "socket", "peer", "in/s",
+                   "out/s", "bytes/s", "queue", "batch", "lag", "age"):
         assert column in header, (column, text)
     for label in LABELS:
         block = _node_block(text, label)
@@ -320,3 +322,26 @@ def test_states_from_the_files_without_a_supervisor(tmp_path):
                                 "silent": {"state": "failed", "starts": 1}})
     assert states()["down"] == "restarting" and states()["silent"] == "failed"
     assert snapshot(tmp_path).supervisor.startswith("pid ")
+
+
+def test_a_narrow_terminal_loses_columns_not_letters(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from zmqrl.status import NodeStatus, render, snapshot
+
+    status = NodeStatus(tmp_path, "broker.12", "broker", 12,
+                        "inference_broker", "abcdef123456", 2.0, "seed-cartpole", "CartPole-v1")
+    status.write({"env_steps": 10, "batch_envs_mean": 31.5},
+                 {"policy": {"role": "bind", "peer": "router", "in_per_s": 1234.0,
+                             "out_per_s": 1234.0, "bytes_per_s": 5e6}})
+    status.stopped(clean=False)
+    for width in (200, 100, 80):
+        out = io.StringIO()
+        Console(file=out, width=width).print(render(snapshot(tmp_path), width))
+        lines = out.getvalue().splitlines()  # the header line may wrap; the table may not
+        table = lines[next(i for i, line in enumerate(lines) if line.startswith("node")):]
+        assert "…" not in out.getvalue() and max(map(len, table)) <= width, out.getvalue()
+        for column in ("node", "state", "rst", "socket", "in/s", "out/s"):
+            assert column in table[0].split(), (width, table[0])
