@@ -2,7 +2,8 @@
 
 A run's curve is its supervisor's ``metrics/run.csv`` (the run's env steps, wall time and
 mean return); a run without one (started by honcho from the Procfile) falls back to its
-learners' CSVs. Runs are grouped by topology name (from the run's ``topology.yaml``; with
+first learner's CSV, which has returns where the learner sees episodes (the unroll
+topologies: SEED, IMPALA, A2C, PPO), not in a replay-fed one. Runs are grouped by topology name (from the run's ``topology.yaml``; with
 the env id added when the runs cover several envs): a group of one run is drawn as its
 curve, a group of several (seeds) as their mean with a band of ± one standard deviation,
 over the env steps (or time) that every run of the group reached.
