@@ -8,6 +8,11 @@ the clipped surrogate, the clipped value loss, per-minibatch advantage normalisa
 global gradient-norm clipping and Adam. The "old" log-probs are the behaviour log-probs
 shipped with the unrolls (on-policy they equal the pre-update policy's).
 
+Recurrent models (``model.recurrent``, e.g. ``lstm_ac``): a minibatch is a set of whole
+env columns of the unroll, each evaluated in time order from the LSTM state it started
+with, not a set of shuffled steps (``zmqrl.algos.recurrent_ppo``); ``minibatches`` then
+splits the rank's env columns.
+
 Data parallelism: several learner ranks each hold a different part of the batch and the
 same parameters; an ``allreduce`` hook averages the gradients of every step, so every
 rank takes the identical optimizer step and the parameters stay identical. Observation
@@ -27,6 +32,7 @@ import torch
 from zmqrl.algo_config import PPOConfig
 from zmqrl.algos.actor_critic import evaluate_unrolls
 from zmqrl.algos.optim import make_adam
+from zmqrl.algos.recurrent_ppo import evaluate_sequences, sequence_samples
 
 AllReduce = Callable[[list[torch.Tensor]], None]
 
@@ -100,7 +106,8 @@ class PPOLearner:
     one call per step) before clipping and the optimizer step, and the observation
     statistics are merged across ranks, so all ranks keep identical parameters. Every
     rank must then take the same number of steps, in lockstep: each rank's local batch
-    must have the same shape [T, B_local] (and T * B_local >= minibatches).
+    must have the same shape [T, B_local] (and T * B_local >= minibatches; with a
+    recurrent model, B_local >= minibatches: minibatches are env columns).
     """
 
     def __init__(self, cfg: PPOConfig, model: torch.nn.Module,
@@ -110,6 +117,8 @@ class PPOLearner:
         self.cfg = cfg
         self.model = model
         self.allreduce = allreduce
+        # A recurrent policy trains on whole sequences: minibatches split env columns.
+        self.sequences = bool(getattr(model, "recurrent", False))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_adam(self.params, cfg.lr, cfg.adam_eps, cfg.light_adam)
         self.updates = 0  # drives lr annealing; restored with the checkpoint
@@ -131,7 +140,9 @@ class PPOLearner:
 
     def prepare(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Flat samples [T * B, ...] of ``batch`` with the pre-update parameters' values
-        and GAE: obs, action, logp (behaviour), value, advantage, return."""
+        and GAE: obs, action, logp (behaviour), value, advantage, return. A recurrent
+        model's are sequences instead, [B, T, ...] with their initial state
+        (``recurrent_ppo.sequence_samples``): either way a minibatch indexes axis 0."""
         cfg = self.cfg
         T, B = batch["action"].shape[:2]
         with torch.no_grad():
@@ -142,7 +153,9 @@ class PPOLearner:
             discounts = cfg.discount * (~batch["done"].bool()).float()
             advantages, returns = gae(rewards, values[:T], values[T], discounts,
                                       cfg.gae_lambda)
-        obs = batch["obs"][:T]  # the env's dtype: the model converts
+        if self.sequences:
+            return sequence_samples(batch, values, advantages, returns)
+        obs = batch["obs"][:T].float()
         action = batch["action"]
         return {
             "obs": obs.reshape(T * B, *obs.shape[2:]),
@@ -157,9 +170,14 @@ class PPOLearner:
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The PPO loss of the current parameters on (a minibatch of) ``prepare``'s
         samples."""
-        new_logp, entropy, new_values = self.model.evaluate(samples["obs"], samples["action"])
-        return ppo_loss(self.cfg, new_logp, samples["logp"], samples["advantage"],
-                        new_values, samples["value"], samples["return"], entropy)
+        if self.sequences:
+            old, new_logp, entropy, new_values = evaluate_sequences(self.model, samples)
+        else:
+            old = samples
+            new_logp, entropy, new_values = self.model.evaluate(samples["obs"],
+                                                                samples["action"])
+        return ppo_loss(self.cfg, new_logp, old["logp"], old["advantage"],
+                        new_values, old["value"], old["return"], entropy)
 
     def _average_gradients(self) -> None:
         """Average every parameter's gradient across ranks in one allreduce call."""
@@ -179,9 +197,11 @@ class PPOLearner:
         clip_frac, loss_total and grad_norm (before clipping), and the lr used."""
         cfg = self.cfg
         T, B = batch["action"].shape[:2]
-        n = T * B
+        n = B if self.sequences else T * B  # what a minibatch is made of
         if n < cfg.minibatches:
-            raise ValueError(f"ppo: {n} samples cannot make {cfg.minibatches} minibatches")
+            what = "env columns (recurrent model: whole sequences)" if self.sequences \
+                else "samples"
+            raise ValueError(f"ppo: {n} {what} cannot make {cfg.minibatches} minibatches")
         lr = cfg.lr
         if cfg.anneal_lr:  # CleanRL: the first update uses the full lr
             lr = cfg.lr * max(0.0, 1.0 - self.updates / cfg.anneal_updates)
@@ -193,7 +213,8 @@ class PPOLearner:
         totals: dict[str, torch.Tensor] = {}
         steps = 0
         for _ in range(cfg.epochs):
-            # Each rank shuffles its own samples; only the step count must agree.
+            # Each rank shuffles its own samples (or columns); only the step count must
+            # agree.
             for idx in torch.randperm(n, device=device).tensor_split(cfg.minibatches):
                 loss, stats = self.loss({k: v[idx] for k, v in samples.items()})
                 self.optimizer.zero_grad(set_to_none=True)

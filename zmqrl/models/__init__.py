@@ -48,11 +48,11 @@ for _torso in ("nature", "impala"):
     MODEL_KINDS[f"{_torso}_cnn_lstm_q"] = _on_torso(ConvLSTMQNetwork, _torso)
 
 # The algorithms each model can serve (checked by ``zmqrl validate``): actor-critic
-# heads for the unroll algorithms, Q heads for the replay ones. PPO shuffles single
-# steps into minibatches, which a recurrent policy cannot use.
+# heads for the unroll algorithms, Q heads for the replay ones (PPO with a recurrent
+# policy takes minibatches of whole sequences: zmqrl.algos.recurrent_ppo).
 MODEL_ALGOS: dict[str, frozenset[str]] = {
     "mlp": frozenset({"vtrace", "a2c", "ppo"}),
-    "lstm_ac": frozenset({"vtrace", "a2c"}),
+    "lstm_ac": frozenset({"vtrace", "a2c", "ppo"}),
     "dueling_mlp": frozenset({"dqn"}),
     "lstm_q": frozenset({"r2d2"}),
 }
