@@ -195,8 +195,12 @@ def ports_of(spec: NodeSpec) -> dict[str, str]:
     return dict(load_class(spec.target).binds)
 
 
-def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Topology:
-    """Read, check and return a topology; raise :class:`TopologyError` listing every problem."""
+def load(path: str | Path, overrides: dict[str, Any] | None = None, *,
+         node: str | None = None) -> Topology:
+    """Read, check and return a topology; raise :class:`TopologyError` listing every problem.
+
+    With ``node``, check what the process running that node needs (see :func:`from_dict`).
+    """
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -212,7 +216,7 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> Topology:
         overrides = copy.deepcopy(overrides)
         _absolute_paths(overrides, Path.cwd())
         raw = merge(raw, overrides)
-    return from_dict(raw, str(path))
+    return from_dict(raw, str(path), node=node)
 
 
 def _absolute_paths(raw: Any, base: Path) -> None:
@@ -244,7 +248,14 @@ def merge(base: Any, overrides: dict[str, Any]) -> Any:
     return out
 
 
-def from_dict(raw: Any, source: str = "<topology>") -> Topology:
+def from_dict(raw: Any, source: str = "<topology>", *, node: str | None = None) -> Topology:
+    """The topology ``raw`` describes, checked; :class:`TopologyError` lists every problem.
+
+    With ``node`` (``zmqrl node``: one node's process), the other nodes' specs, the env
+    and the model go unchecked: ``up`` and ``validate`` check those, and building the
+    model would load torch into a node that runs none (a remote actor, the replay). Every
+    node's class is still imported, for the ports its links connect to.
+    """
     schema_errors = _schema_errors(raw)
     # Semantic checks still run on every node the schema had nothing against, so one
     # pass reports every problem.
@@ -268,7 +279,7 @@ def from_dict(raw: Any, source: str = "<topology>") -> Topology:
         import_paths=raw.get("import_paths", []) if isinstance(raw, dict) else [],
     )
     errors = [(path, msg) for path, msg in schema_errors]
-    errors += _semantic_errors(topo, broken)
+    errors += _semantic_errors(topo, broken, node)
     if errors:
         raise TopologyError([f"{source}: {_where(path)}: {msg}" for path, msg in errors])
     topo.algo_config  # noqa: B018  (parsed now: every node reads the same config)
@@ -298,7 +309,8 @@ def _schema_errors(raw: Any) -> list[tuple[tuple, str]]:
     return out
 
 
-def _semantic_errors(topo: Topology, broken: set[str]) -> list[tuple[tuple, str]]:
+def _semantic_errors(topo: Topology, broken: set[str],
+                     node: str | None = None) -> list[tuple[tuple, str]]:
     errors: list[tuple[tuple, str]] = []
     classes: dict[str, type] = {}
     for spec in topo.nodes.values():
@@ -313,6 +325,8 @@ def _semantic_errors(topo: Topology, broken: set[str]) -> list[tuple[tuple, str]
                 errors.append((("nodes", spec.name, "impl"),
                                f"cannot load {spec.target}: {exc}"))
     for spec in topo.nodes.values():
+        if node is not None and spec.name != node:
+            continue  # another node: `up` and `validate` check it (see from_dict)
         cls = classes.get(spec.name)
         if cls is not None:
             args_type = getattr(cls, "Args", None)
@@ -349,7 +363,7 @@ def _semantic_errors(topo: Topology, broken: set[str]) -> list[tuple[tuple, str]
                 errors.append((where, f"a {cls.links[link].socket} link cannot connect to "
                                       f"'{target}', a {ports[port]} port"))
     errors += _algo_errors(topo.algo)
-    errors += _env_model_errors(topo)
+    errors += _env_model_errors(topo) if node is None else []
     errors += _network_errors(topo.network)
     return errors
 
