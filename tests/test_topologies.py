@@ -37,6 +37,9 @@ OTHER_ENVS: dict[str, tuple[float, float, int, tuple[str, ...]]] = {
     "seed_r2d2": (80, 600, 10, ()),
     # InvertedPendulum-v5: a random policy averages ~5; 500 over 100 episodes is learning.
     "seed_mujoco": (500, 180, 10, ()),
+    # Masked CartPole, recurrent PPO with two data-parallel learners: random play
+    # averages ~22 and feed-forward PPO plateaus at ~45-55 without the velocities.
+    "ppo_lstm": (80, 120, 10, ()),
 }
 
 
