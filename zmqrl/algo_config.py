@@ -95,7 +95,9 @@ class PPOConfig:
     discount: float = 0.99  # gamma
     gae_lambda: float = 0.95  # GAE lambda (1: Monte Carlo returns, 0: one-step TD)
     epochs: int = 10  # passes over each batch
-    minibatches: int = 32  # minibatches per pass, over the rank's T x B local samples
+    # Minibatches per pass, over the rank's T x B local samples; with a recurrent model
+    # (lstm_ac), over its B local env columns, each a whole sequence (recurrent_ppo.py).
+    minibatches: int = 32
     clip: float = 0.2  # surrogate clip: ratio kept within [1 - clip, 1 + clip]
     clip_value: bool = True  # clip the value change around the old value by `clip` too
     value_cost: float = 0.5  # weight of the value loss (0.5 * squared error)
