@@ -3,10 +3,11 @@
 A run's curve is its supervisor's ``metrics/run.csv`` (the run's env steps, wall time and
 mean return); a run without one (started by honcho from the Procfile) falls back to its
 first learner's CSV, which has returns where the learner sees episodes (the unroll
-topologies: SEED, IMPALA, A2C, PPO), not in a replay-fed one. Runs are grouped by topology name (from the run's ``topology.yaml``; with
-the env id added when the runs cover several envs): a group of one run is drawn as its
-curve, a group of several (seeds) as their mean with a band of ± one standard deviation,
-over the env steps (or time) that every run of the group reached.
+topologies: SEED, IMPALA, A2C, PPO), not in a replay-fed one. Runs are grouped by
+topology name (from the run's ``topology.yaml``; with the env id added when the runs
+cover several envs): a group of one run is drawn as its curve, a group of several (seeds)
+as their mean with a band of ± one standard deviation, over the env steps (or time) that
+every run of the group reached.
 
 Two panels: return against env steps, and against wall time. Needs matplotlib
 (``pip install -e '.[plot]'``); nothing else in zmqrl imports it.
@@ -114,6 +115,8 @@ def plot_runs(run_dirs: list[Path], out: Path, metric: str = "return_mean_100",
     fig, axes = plt.subplots(1, 2, figsize=(size_px[0] / dpi, size_px[1] / dpi), dpi=dpi,
                              layout="constrained")
     use_minutes = max(c.seconds[-1] for c in curves) > 600
+    sizes = {len(members) for members in groups.values()}
+    same = len(sizes) == 1  # every topology has as many runs: say it once, in the legend
     for i, (label, members) in enumerate(sorted(groups.items())):
         colour = f"C{i % 10}"
         for ax, axis in zip(axes, ("steps", "seconds"), strict=True):
@@ -125,7 +128,7 @@ def plot_runs(run_dirs: list[Path], out: Path, metric: str = "return_mean_100",
                 continue
             grid, mean, std = _mean_band(members, axis)
             ax.plot(grid / scale, mean, color=colour, linewidth=1.5,
-                    label=f"{label} (mean of {len(members)}, band ± 1 std)")
+                    label=label if same else f"{label} (mean of {len(members)})")
             ax.fill_between(grid / scale, mean - std, mean + std, color=colour, alpha=0.2,
                             linewidth=0)
     axes[0].set_xlabel("env steps")
@@ -135,7 +138,12 @@ def plot_runs(run_dirs: list[Path], out: Path, metric: str = "return_mean_100",
         ax.grid(alpha=0.3)
         ax.set_xlim(left=0)  # from the start: a slow start-up is part of the picture
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4), useMathText=True)
-    axes[0].legend(loc="best", fontsize="small")
+    # Below the panels, not over the curves.
+    n = max(sizes)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
+               ncols=min(len(groups), 6), fontsize="small", frameon=False,
+               title=(f"mean of {n} runs each, band ± 1 std" if same and n > 1 else
+                      "band ± 1 std" if n > 1 else None), title_fontsize="small")
     envs = sorted({c.env for c in curves if c.env})
     fig.suptitle(title or f"{', '.join(envs) or 'learning curves'}: "
                  f"{METRICS.get(metric, metric)}")
