@@ -202,8 +202,8 @@ class InferenceBroker(Node):
     def _serve(self, batch: list[tuple[list, wire.Message, Behaviour]], envs: int) -> None:
         actions = act_batched(self.model, [b for _, _, b in batch], self.version)
         now = time.perf_counter()
-        for (envelope, msg, _), action in zip(batch, actions, strict=True):
-            self.send("policy", wire.encode(wire.ACT, {"action": action},
+        for (envelope, msg, behaviour), action in zip(batch, actions, strict=True):
+            self.send("policy", wire.encode(wire.ACT, behaviour.reply(action),
                                             seq=msg.fields["seq"]), envelope)
             self.latency.add(now - self.first_pending_at)
         self.env_steps += envs

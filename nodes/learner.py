@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zmqrl import wire
-from zmqrl.algo_config import SEQUENCE, UNROLL, config_type
+from zmqrl.algo_config import REPLAY_ITEMS, UNROLL, config_type
 from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
 from zmqrl.node import Link, Node
@@ -189,7 +189,7 @@ class Learner(Node):
                                          self.ctx.replica, self.world, recurrent)
             return UnrollInbox(self, self.check, columns, self.device, recurrent)
         return ReplayClient(self, self.check, self.cfg.batch_size, self.args.prefetch,
-                            self.device, sequences=self.family == SEQUENCE)
+                            self.device, items=REPLAY_ITEMS[self.family])
 
     # ----- messages -------------------------------------------------------------------
     def on_experience(self, envelope: list, msg: wire.Message) -> None:

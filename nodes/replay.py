@@ -115,11 +115,13 @@ class Replay(Node):
         self.table = ReplayTable(a.capacity, a.sampler, a.alpha, a.beta, a.beta_final,
                                  a.beta_steps, seed=topo.seed)
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
-        # What producers must insert: sequences for sequence algorithms (R2D2), n-step
-        # transitions otherwise; the declarations are zmqrl.messages'.
-        sequences = topo.algo_config.family == SEQUENCE
+        # What producers must insert: the item kind of the algorithm's family (n-step
+        # transitions, R2D2's sequences, AlphaZero's positions); the declarations are
+        # zmqrl.messages'.
+        family = topo.algo_config.family
+        sequences = family == SEQUENCE
         self.insert_spec = messages.spec(wire.INSERT,
-                                         "sequences" if sequences else "transitions")
+                                         algo_config.REPLAY_ITEMS.get(family, "transitions"))
         self.checks = messages.Context.from_env(
             env_spec(topo.env),
             sequence_length=topo.algo_config.sequence_length if sequences else None)

@@ -181,9 +181,10 @@ def test_only_a_prioritized_replay_is_sent_priorities():
 def test_every_family_has_one_behaviour_for_broker_and_local_actors():
     """The table the broker and the local actor both read: one behaviour per family
     (and A3C's gradient variant), each shipping what its consumer takes."""
-    assert {family for family, _ in BEHAVIOURS} == {"unroll", "replay", "sequence"}
+    assert {family for family, _ in BEHAVIOURS} == {"unroll", "replay", "sequence", "search"}
     assert behaviour_for("unroll").ships == wire.UNROLL
     assert behaviour_for("unroll", "param_server").ships == wire.GRADS
     assert behaviour_for("replay").ships == behaviour_for("sequence").ships == wire.INSERT
+    assert behaviour_for("search").ships == ""  # it evaluates leaves; the actor ships games
     with pytest.raises(ValueError, match="no behaviour for a 'replay' algorithm"):
         behaviour_for("replay", "param_server")

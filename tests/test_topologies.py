@@ -24,7 +24,7 @@ MAX_SECONDS = 180
 # Topologies with their own bar: (target return, seconds, min updates, --set overrides).
 # Each run stops as soon as it reaches its target; the seconds (~2x the time to target
 # measured on a loaded 2-core machine) only bound a failing run.
-OTHER_ENVS: dict[str, tuple[float, float, int, tuple[str, ...]]] = {
+OTHER_ENVS: dict[str, tuple[float | None, float, int, tuple[str, ...]]] = {
     # InvertedPendulum-v5 rather than ppo.yaml's Hopper (whose learning is in
     # BENCHMARKS.md): a random policy averages ~5, 200 takes ~20 updates of 2048 steps.
     # test_ppo_replicas_stay_identical checks the replicas.
@@ -40,6 +40,9 @@ OTHER_ENVS: dict[str, tuple[float, float, int, tuple[str, ...]]] = {
     # Masked CartPole, recurrent PPO with two data-parallel learners: random play
     # averages ~22 and feed-forward PPO plateaus at ~45-55 without the velocities.
     "ppo_lstm": (80, 120, 10, ()),
+    # Self-play has no return to reach: games must reach the replay and the learner
+    # train on them (tests/test_alphazero.py checks that its loss falls).
+    "alphazero": (None, 45, 3, ("algo.num_simulations=10", "nodes.replay.args.min_size=200")),
 }
 
 

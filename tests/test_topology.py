@@ -193,7 +193,7 @@ def test_every_topology_parses_its_algo_once_with_defaults_from_the_config(path)
     cfg = topo.algo_config
     assert type(cfg) is CONFIGS[kind] and cfg == CONFIGS[kind]()
     assert topo.algo_config is cfg  # parsed once, the same object for every reader
-    assert cfg.family in ("unroll", "replay", "sequence")
+    assert cfg.family in ("unroll", "replay", "sequence", "search")
 
 
 def test_a2c_without_unroll_agrees_between_broker_actor_and_learner(tmp_path):

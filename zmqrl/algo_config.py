@@ -10,7 +10,9 @@ of (``docs/extending.md``):
 * ``unroll``: time-major unrolls of the current policy (actor-critic: V-trace, A2C, PPO);
 * ``replay``: n-step transitions sampled from a replay (DQN: Ape-X, Gorila);
 * ``sequence``: fixed-length sequences with their stored recurrent state, from a replay
-  (R2D2).
+  (R2D2);
+* ``search``: positions of games played by search, (observation, visit distribution,
+  outcome), from a replay (AlphaZero).
 
 This module imports no torch: nodes that run no model (a remote actor, the replay) read
 their config without loading it.
@@ -24,7 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-UNROLL, REPLAY, SEQUENCE = "unroll", "replay", "sequence"
+UNROLL, REPLAY, SEQUENCE, SEARCH = "unroll", "replay", "sequence", "search"
+# The item kind (the ``insert``/``batch`` variant, ``zmqrl.messages``) a replay holds
+# for each family that learns from one.
+REPLAY_ITEMS = {REPLAY: "transitions", SEQUENCE: "sequences", SEARCH: "positions"}
 DEFAULT_KIND = "vtrace"
 
 @dataclass
@@ -198,9 +203,51 @@ class R2D2Config:
         return errors
 
 
+@dataclass
+class AlphaZeroConfig:
+    """Hyperparameters of AlphaZero (the topology's ``algo`` section): the search the
+    actors run (``zmqrl.search``) and the learner's loss (``zmqrl.algos.alphazero``).
+    The search defaults suit small board games (tic-tac-toe, connect four)."""
+
+    kind: str = "alphazero"
+    family: ClassVar[str] = SEARCH
+    num_simulations: int = 50  # MCTS simulations per move
+    c_puct: float = 1.5  # exploration weight of the PUCT rule
+    dirichlet_alpha: float = 1.0  # root noise Dir(alpha) over the legal moves ...
+    dirichlet_fraction: float = 0.25  # ... mixed into the root priors with this weight
+    # The first moves of each game are sampled in proportion to the root's visit counts
+    # (temperature 1); later ones take the most visited move.
+    temperature_moves: int = 4
+    batch_size: int = 128  # positions per update
+    lr: float = 1e-3  # Adam
+    value_cost: float = 1.0  # weight of the value MSE (the policy cross-entropy has 1)
+    l2: float = 1e-4  # weight of the sum of squared weights (biases excluded)
+    max_grad_norm: float = 10.0
+    # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
+    # learner start-up (see there).
+    light_adam: bool = False
+
+    @classmethod
+    def field_errors(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(field, message) for each value out of range (wrong types: see R2D2Config)."""
+        rules = {"num_simulations": (lambda x: x >= 1, "must be >= 1"),
+                 "c_puct": (lambda x: x > 0, "must be > 0"),
+                 "dirichlet_alpha": (lambda x: x > 0, "must be > 0"),
+                 "dirichlet_fraction": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+                 "temperature_moves": (lambda x: x >= 0, "must be >= 0"),
+                 "batch_size": (lambda x: x >= 1, "must be >= 1"),
+                 "lr": (lambda x: x > 0, "must be > 0"),
+                 "value_cost": (lambda x: x >= 0, "must be >= 0"),
+                 "l2": (lambda x: x >= 0, "must be >= 0"),
+                 "max_grad_norm": (lambda x: x > 0, "must be > 0")}
+        return [(key, f"{values[key]!r}: {message}") for key, (ok, message) in rules.items()
+                if isinstance(values.get(key), (int, float))
+                and not isinstance(values[key], bool) and not ok(values[key])]
+
+
 CONFIGS: dict[str, type] = {cfg.kind: cfg for cfg in (  # type: ignore[attr-defined]
-    VTraceConfig, A2CConfig, PPOConfig, DQNConfig, R2D2Config)}
-AlgoConfig = VTraceConfig | A2CConfig | PPOConfig | DQNConfig | R2D2Config
+    VTraceConfig, A2CConfig, PPOConfig, DQNConfig, R2D2Config, AlphaZeroConfig)}
+AlgoConfig = VTraceConfig | A2CConfig | PPOConfig | DQNConfig | R2D2Config | AlphaZeroConfig
 
 
 def config_type(kind: str) -> type:

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from zmqrl import pixel_envs  # noqa: F401  (registers the pixel env ids)
+from zmqrl import games, pixel_envs  # noqa: F401  (register the game and pixel env ids)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ SYMBOLS: dict[str, tuple[str, int]] = {
     "H": ("recurrent state size (LSTM units)", 1),
     "k": ("episodes reported", 0),
     "m": ("rows selected by a mask", 0),
+    "A": ("actions of a discrete action space", 1),
 }
 # "*obs" / "*action" stand for the env's observation / action shape (discrete: []).
 STAR = ("*obs", "*action")
@@ -207,6 +208,19 @@ def _sequences(*extra: Array) -> tuple[Array, ...]:
     )
 
 
+def _positions(*extra: Array) -> tuple[Array, ...]:
+    return (
+        *extra,
+        Array("obs", "obs", ("B", "*obs"), rules=("finite",),
+              doc="the position, seen by the player to move"),
+        Array("policy", "float32", ("B", "A"), rules=("unit",),
+              doc="the search's visit distribution over the moves (sums to 1)"),
+        Array("outcome", "float32", ("B",), rules=("finite",),
+              doc="the game's final return for the player to move (+1 win, 0 draw, "
+                  "-1 loss)"),
+    )
+
+
 _PRIORITY = Array("priority", "float32", ("B",), False, ("nonneg",),
                   "initial raw priorities (without: the largest seen so far)")
 _BATCH_HEAD = (
@@ -307,6 +321,18 @@ MESSAGES: tuple[MessageSpec, ...] = (
         arrays=(Array("action", "action", ("n", "*action"), rules=("action",),
                       doc="row `i` is the action for env `i`"),)),
     MessageSpec(
+        wire.ACT, "A network's evaluation of the leaves a search sent as a `step` (its "
+        "`obs`; rewards and dones zero: a leaf has no outcome).", "broker → search actor",
+        variant="evaluation",
+        fields=(Field("seq", "int", doc="the step's `seq`"),),
+        arrays=(Array("action", "action", ("n", "*action"), rules=("action",),
+                      doc="the network's most likely move (what any actor could play)"),
+                Array("logits", "float32", ("n", "A"), rules=("finite",),
+                      doc="policy logits over every move (the searcher masks the "
+                          "illegal ones)"),
+                Array("value", "float32", ("n",), rules=("finite",),
+                      doc="the value of the leaf for the player to move, in [-1, 1]"))),
+    MessageSpec(
         wire.UNROLL, "A time-major block of `T` transitions of `n` envs.",
         "broker or local-policy actor → learner `experience`",
         fields=(_VERSION,), arrays=(*_UNROLL_ARRAYS, *_EP_STATS),
@@ -333,6 +359,11 @@ MESSAGES: tuple[MessageSpec, ...] = (
         fields=(Field("version", "int", False, "nonneg", "parameter version acted with"),),
         arrays=(*_sequences(), _PRIORITY)),
     MessageSpec(
+        wire.INSERT, "Positions of finished self-play games (`alphazero`).",
+        "search actor → replay `experience`", variant="positions", closed=True,
+        fields=(Field("version", "int", False, "nonneg", "parameter version searched with"),),
+        arrays=(*_positions(), _PRIORITY)),
+    MessageSpec(
         wire.SAMPLE, "Ask for a batch; the reply may come much later.",
         "learner → replay `sample`",
         fields=(Field("batch_size", "int", rule="positive",
@@ -346,6 +377,9 @@ MESSAGES: tuple[MessageSpec, ...] = (
     MessageSpec(wire.BATCH, "Sampled sequences.", "replay → learner",
                 variant="sequences", fields=(_REPLAY_SOURCE,),
                 arrays=_sequences(*_BATCH_HEAD)),
+    MessageSpec(wire.BATCH, "Sampled positions.", "replay → learner",
+                variant="positions", fields=(_REPLAY_SOURCE,),
+                arrays=_positions(*_BATCH_HEAD)),
     MessageSpec(
         wire.PRIORITIES, "New priorities for sampled items; no reply on success.",
         "learner → replay `sample`",
@@ -466,6 +500,8 @@ class _Checker:
         self.spec = spec
         self.t = spec.type
         self.dims = dict(ctx.dims)
+        if ctx.num_actions is not None and any("A" in a.shape for a in spec.arrays):
+            self.dims["A"] = ctx.num_actions  # a discrete space's size, where one is used
         self.fields = [(f.name, FIELD_TYPES[f.type], f.type, f.required, f.rule)
                        for f in spec.fields]
         self.arrays = [self._compile_array(a, ctx) for a in spec.arrays]

@@ -36,6 +36,7 @@ NODE_KINDS = {
     "sink": "nodes.sink:Sink",
     "replay": "nodes.replay:Replay",
     "param_server": "nodes.param_server:ParamServer",
+    "mcts_actor": "nodes.mcts_actor:MCTSActor",
 }
 RESTART_POLICIES = ("always", "on-failure", "never")
 # Which socket a link's socket may connect to.

@@ -25,7 +25,7 @@ from zmqrl.acting.behaviour import (
     act_batched,
 )
 from zmqrl.acting.envs import EpisodeTracker, RewardScaler, apex_epsilon, final_obs
-from zmqrl.algo_config import REPLAY, SEQUENCE, UNROLL
+from zmqrl.algo_config import REPLAY, SEARCH, SEQUENCE, UNROLL
 
 if TYPE_CHECKING:  # for type checkers only: importing them loads torch
     from zmqrl.acting.actor_critic import ActorCriticBehaviour
@@ -41,6 +41,7 @@ BEHAVIOURS: dict[tuple[str, str], str] = {
     (UNROLL, "param_server"): "zmqrl.acting.gradients:GradientBehaviour",
     (REPLAY, "experience"): "zmqrl.acting.q_learning:EpsilonGreedyBehaviour",
     (SEQUENCE, "experience"): "zmqrl.acting.recurrent_q:RecurrentQBehaviour",
+    (SEARCH, "experience"): "zmqrl.acting.evaluate:EvaluateBehaviour",
 }
 # The families whose behaviours explore ε-greedily with each actor's ε (Q-learning): a
 # remote actor sends its ε in every step. Kept here, beside the table, so the remote

@@ -130,6 +130,11 @@ class Behaviour:
         ready, self._ready = self._ready, []
         return ready
 
+    def reply(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        """The arrays of this connection's ``act`` reply: the actions; a behaviour whose
+        requester wants more of the forward pass (a search's priors and values) adds it."""
+        return {"action": actions}
+
 
 def act_batched(model: torch.nn.Module, behaviours: list[Behaviour],
                 version: int) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ import torch
 from zmqrl import algo_config
 from zmqrl.algo_config import REPLAY, SEQUENCE, UNROLL, AlgoConfig
 from zmqrl.algos.a2c import A2CConfig, A2CLearner
+from zmqrl.algos.alphazero import AlphaZeroConfig, AlphaZeroLearner
 from zmqrl.algos.dqn import DQNConfig, DQNLearner
 from zmqrl.algos.ppo import PPOConfig, PPOLearner
 from zmqrl.algos.r2d2 import R2D2Config, R2D2Learner
@@ -25,6 +26,7 @@ ALGOS: dict[str, tuple[type, type]] = {
     "dqn": (DQNConfig, DQNLearner),
     "r2d2": (R2D2Config, R2D2Learner),
     "ppo": (PPOConfig, PPOLearner),
+    "alphazero": (AlphaZeroConfig, AlphaZeroLearner),
 }
 # The kinds of each family (``AlgoConfig.family``): unrolls of the current policy
 # (actor-critic) versus replayed items (Q-learning); sequence algorithms are the replay

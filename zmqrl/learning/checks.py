@@ -21,6 +21,10 @@ UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
 STATE_KEYS = ("state_h", "state_c")  # unrolls of a recurrent policy (lstm_ac)
 TRANSITION_KEYS = ("obs", "action", "reward", "discount", "next_obs")
 SEQUENCE_KEYS = ("obs", "action", "reward", "done", "state_h", "state_c")
+POSITION_KEYS = ("obs", "policy", "outcome")
+# What a learner trains on of each replay item kind (``algo_config.REPLAY_ITEMS``).
+ITEM_KEYS = {"transitions": TRANSITION_KEYS, "sequences": SEQUENCE_KEYS,
+             "positions": POSITION_KEYS}
 
 
 def context(env: EnvSpec, model: torch.nn.Module, *, unroll: int | None = None,
@@ -38,11 +42,10 @@ def check_unroll(msg: wire.Message, ctx: messages.Context, recurrent: bool) -> i
     return messages.check(msg, spec, ctx)["n"]
 
 
-def check_batch(msg: wire.Message, ctx: messages.Context, sequences: bool) -> int:
-    """A replay's ``batch`` reply (transitions, or sequences with their stored recurrent
-    state) the learner can train on; returns its size B."""
-    spec = messages.spec(wire.BATCH, "sequences" if sequences else "transitions")
-    return messages.check(msg, spec, ctx)["B"]
+def check_batch(msg: wire.Message, ctx: messages.Context, items: str) -> int:
+    """A replay's ``batch`` reply of ``items`` (transitions, sequences with their stored
+    recurrent state, or positions) the learner can train on; returns its size B."""
+    return messages.check(msg, messages.spec(wire.BATCH, items), ctx)["B"]
 
 
 def check_params(msg: wire.Message, ctx: messages.Context) -> int:

@@ -30,9 +30,8 @@ import torch
 from zmqrl import messages, wire
 from zmqrl.devices import HostToDevice
 from zmqrl.learning.checks import (
-    SEQUENCE_KEYS,
+    ITEM_KEYS,
     STATE_KEYS,
-    TRANSITION_KEYS,
     UNROLL_KEYS,
     check_batch,
     check_unroll,
@@ -280,16 +279,16 @@ class ReplayClient:
     """
 
     def __init__(self, node: Any, check: messages.Context, batch_size: int, prefetch: int,
-                 device: torch.device, sequences: bool = False, link: str = "replay"):
+                 device: torch.device, items: str = "transitions", link: str = "replay"):
         self.node = node
         self.check = check
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.device = device
         self.to_device = HostToDevice(device)  # pinned, non-blocking copies on CUDA
-        self.sequences = sequences
+        self.items = items  # the item kind: zmqrl.algo_config.REPLAY_ITEMS
         self.link = link
-        self.keys = SEQUENCE_KEYS if sequences else TRANSITION_KEYS
+        self.keys = ITEM_KEYS[items]
         self.batches: deque[wire.Message] = deque()
         self.in_flight = 0
         self.rejected = 0  # batches that failed the checks
@@ -300,7 +299,7 @@ class ReplayClient:
         self.node.expect_reply(msg, wire.BATCH, "the replay")
         self.in_flight = max(0, self.in_flight - 1)  # answered, good or bad
         try:
-            check_batch(msg, self.check, self.sequences)
+            check_batch(msg, self.check, self.items)
         except wire.ProtocolError:
             self.rejected += 1
             raise

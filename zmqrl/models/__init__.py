@@ -22,12 +22,14 @@ from zmqrl.models.conv import (
     ConvLSTMQNetwork,
 )
 from zmqrl.models.feedforward import ActorCritic, DuelingQNetwork
+from zmqrl.models.policy_value import PolicyValueConv, PolicyValueMLP
 from zmqrl.models.recurrent import RecurrentActorCritic, RecurrentQNetwork
 
 MODEL_KINDS: dict[str, Callable[..., nn.Module]] = {
     "mlp": ActorCritic, "dueling_mlp": DuelingQNetwork}
 MODEL_KINDS["lstm_q"] = RecurrentQNetwork
 MODEL_KINDS["lstm_ac"] = RecurrentActorCritic
+MODEL_KINDS.update(pv_mlp=PolicyValueMLP, pv_conv=PolicyValueConv)  # search (AlphaZero)
 
 
 def _on_torso(cls: Callable[..., nn.Module], torso: str) -> Callable[..., nn.Module]:
@@ -55,6 +57,7 @@ MODEL_ALGOS: dict[str, frozenset[str]] = {
     "lstm_ac": frozenset({"vtrace", "a2c", "ppo"}),
     "dueling_mlp": frozenset({"dqn"}),
     "lstm_q": frozenset({"r2d2"}),
+    "pv_mlp": frozenset({"alphazero"}), "pv_conv": frozenset({"alphazero"}),
 }
 for _torso in ("nature", "impala"):
     MODEL_ALGOS[f"{_torso}_cnn"] = MODEL_ALGOS["mlp"]

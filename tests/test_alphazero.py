@@ -1,0 +1,214 @@
+"""AlphaZero on the bus: OpenSpiel games as env ids, batched MCTS, leaf evaluation in the
+inference broker, and a short real run that moves self-play games into the replay and
+trains on them."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("pyspiel")
+
+from zmqrl import messages, wire  # noqa: E402
+from zmqrl.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
+from zmqrl.algo_config import SEARCH, AlphaZeroConfig  # noqa: E402
+from zmqrl.algos.alphazero import AlphaZeroLearner  # noqa: E402
+from zmqrl.envs import env_spec  # noqa: E402
+from zmqrl.games import Game, GameEnv, env_id, game_name  # noqa: E402
+from zmqrl.models import build_model  # noqa: E402
+from zmqrl.search.mcts import SearchParams, SelfPlay, search, uniform_for  # noqa: E402
+from zmqrl.search.minimax import Minimax  # noqa: E402
+from zmqrl.topology import TopologyError, from_dict  # noqa: E402
+
+from conftest import REPO, read_csv  # noqa: E402
+
+TTT = env_id("tic_tac_toe")
+
+
+def test_search_takes_the_win_and_blocks_with_uniform_priors():
+    """Plain PUCT (equal priors, value 0 at every leaf): the game's own ends make the
+    search find a win in one and the one move that stops the opponent's, for either
+    player."""
+    game = Game("tic_tac_toe")
+    params = SearchParams(num_simulations=200, dirichlet_fraction=0.0)
+    positions = {
+        2: game.state_from([0, 3, 1, 4]),  # x (0, 1) to move: 2 wins
+        6: game.state_from([0, 4, 8, 2]),  # x (0, 8) to move: o (4, 2) wins at 6 unless
+        5: game.state_from([0, 3, 1, 4, 8]),  # o (3, 4) to move: 5 wins at once
+    }
+    visits = search(game, list(positions.values()), uniform_for(game), params)
+    for (move, state), row in zip(positions.items(), visits, strict=True):
+        assert row.sum() == params.num_simulations
+        assert row.argmax() == move and row[move] > 0.6 * row.sum(), (str(state), row)
+        assert (row[~game.legal_mask(state)] == 0).all()
+    # what a perfect player says of the same positions
+    minimax = Minimax()
+    best = [minimax.best_actions(s) for s in positions.values()]
+    assert best[:2] == [[2], [6]] and 5 in best[2]  # (o at 2 would win too, a move later)
+    assert minimax.value(game.new_state()) == 0.0  # tic-tac-toe is a draw
+
+
+def test_self_play_records_positions_visits_and_outcomes():
+    game = Game("tic_tac_toe")
+    play = SelfPlay(game, 8, SearchParams(num_simulations=8), seed=3)
+    evaluate = uniform_for(game)
+    while play.games_played < 8:
+        obs = play.leaves()
+        assert obs.shape[1:] == game.obs_shape and 1 <= len(obs) <= 8
+        play.feed(*evaluate(obs))
+    records = play.take_finished()
+    assert len(records) >= 8 and play.simulations >= 8 * play.moves
+    for r in records:
+        t = np.arange(len(r.outcome))
+        assert np.allclose(r.policy.sum(-1), 1.0)
+        # seen by the player to move: own pieces first, the opponent's second
+        assert (r.obs[:, 0].sum((1, 2)) == t // 2).all()
+        assert (r.obs[:, 1].sum((1, 2)) == (t + 1) // 2).all()
+        assert (r.outcome == np.where(t % 2 == 0, r.returns[0], r.returns[1])).all()
+        assert r.returns[0] == -r.returns[1]
+
+
+def test_game_is_an_env_id():
+    spec = env_spec({"id": TTT})
+    assert (spec.obs_shape, spec.num_actions, spec.obs_dtype) == ((3, 3, 3), 9, np.float32)
+    assert game_name({"id": env_id("connect_four")}) == "connect_four"
+    with pytest.raises(ValueError, match="not an OpenSpiel game"):
+        game_name({"id": "CartPole-v1"})
+    env = gym.make(TTT)  # against a uniformly random opponent, in a random seat
+    returns = []
+    for seed in range(20):
+        obs, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            assert obs.shape == (3, 3, 3) and info["legal_mask"].any()
+            action = int(np.flatnonzero(info["legal_mask"])[0])
+            obs, reward, done, _, info = env.step(action)
+        returns.append(reward)
+    assert set(returns) <= {-1.0, 0.0, 1.0} and len(set(returns)) > 1
+    selfplay = GameEnv("tic_tac_toe", opponent="self")
+    selfplay.reset(seed=0)
+    _, reward, done, _, info = selfplay.step(0)
+    assert (reward, done, info["player"]) == (0.0, False, 1)
+    _, reward, done, _, info = selfplay.step(0)  # taken: the mover loses
+    assert (reward, done, info["illegal"]) == (-1.0, True, True)
+
+
+def test_evaluate_behaviour_batched_equals_alone():
+    """The broker's behaviour for search: the leaves of several connections in one
+    forward pass give each the same logits and values as alone, in the reply."""
+    spec = env_spec({"id": TTT})
+    model = build_model({"kind": "pv_mlp", "hidden": [32]}, spec, seed=0)
+    cls = behaviour_for(SEARCH)
+    setup = ActingSetup(spec, model, AlphaZeroConfig())
+    rng = np.random.default_rng(0)
+    obs = [rng.integers(0, 2, (n, 3, 3, 3)).astype(np.float32) for n in (2, 5)]
+    together = [cls(setup, len(o)) for o in obs]
+    for b, o in zip(together, obs, strict=True):
+        b.observe(o)
+    act_batched(model, together, 0)
+    for b, o in zip(together, obs, strict=True):
+        alone = cls(setup, len(o))
+        alone.observe(o)
+        (action,) = act_batched(model, [alone], 0)
+        reply, single = b.reply(action), alone.reply(action)
+        np.testing.assert_allclose(reply["logits"], single["logits"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(reply["value"], single["value"], rtol=1e-5, atol=1e-6)
+        logits, value = model(torch.from_numpy(o))
+        np.testing.assert_allclose(reply["logits"], logits.detach().numpy(), atol=1e-5)
+        msg = wire.decode(wire.encode(wire.ACT, reply, seq=1))
+        ctx = messages.Context.from_env(spec)
+        assert messages.check(msg, messages.spec(wire.ACT, "evaluation"), ctx)["n"] == len(o)
+
+
+def test_learner_fits_visit_counts_and_outcomes():
+    spec = env_spec({"id": TTT})
+    model = build_model({"kind": "pv_mlp", "hidden": [64]}, spec, seed=0)
+    learner = AlphaZeroLearner(AlphaZeroConfig(lr=3e-3, l2=0.0, light_adam=True), model)
+    rng = np.random.default_rng(1)
+    policy = rng.dirichlet(np.ones(9), 32).astype(np.float32)
+    batch = {"obs": torch.from_numpy(rng.integers(0, 2, (32, 3, 3, 3)).astype(np.float32)),
+             "policy": torch.from_numpy(policy),
+             "outcome": torch.from_numpy(rng.choice([-1.0, 0.0, 1.0], 32).astype(np.float32))}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the learner node runs (two threads crawl on a busy machine)
+    try:
+        first = learner.update(batch)
+        for _ in range(150):
+            last = learner.update(batch)
+    finally:
+        torch.set_num_threads(threads)
+    assert last["loss"] < first["loss"]
+    assert last["policy_kl"] < 0.2 * first["policy_kl"]
+    assert last["value_loss"] < 0.2 * first["value_loss"]
+
+
+def test_validate_checks_the_search_actor():
+    raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
+    from_dict(raw)  # the repository's topology is valid
+    raw["algo"] = {"kind": "dqn"}
+    raw["model"] = {"kind": "dueling_mlp"}
+    raw["env"] = {"id": "CartPole-v1"}
+    with pytest.raises(TopologyError) as err:
+        from_dict(raw)
+    text = str(err.value)
+    assert "searches with algo 'alphazero'" in text and "not an OpenSpiel game" in text
+
+
+def _topology(tmp_path, raw: dict) -> str:
+    path = tmp_path / "alphazero.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def _rows(run_dir, label: str) -> list[dict[str, str]]:
+    return read_csv(run_dir / "metrics" / f"{label}.csv")
+
+
+def test_leaves_of_two_actors_share_one_forward_pass(processes, tmp_path):
+    """Two actors of one game each (one leaf per request): the broker's forward passes
+    carry more than one leaf, so the leaves of both actors were evaluated together."""
+    raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
+    raw["env"] = {"id": TTT}
+    raw["algo"]["num_simulations"] = 8
+    raw["nodes"] = {
+        "broker": {"kind": "inference_broker", "args": {"max_batch": 2, "max_wait_ms": 20.0}},
+        "actor": {"kind": "mcts_actor", "replicas": 2, "args": {"games": 1, "lanes": 1},
+                  "links": {"policy": "broker.policy"}},
+    }
+    run_dir = tmp_path / "run"
+    proc = processes.zmqrl("up", _topology(tmp_path, raw), "--run-dir", str(run_dir),
+                           "--max-steps", "200", "--max-seconds", "60",
+                           log=tmp_path / "up.log")
+    assert proc.wait(timeout=120) == 0, (tmp_path / "up.log").read_text()[-3000:]
+    broker = _rows(run_dir, "broker")
+    assert max(float(r["batch_envs_mean"]) for r in broker) > 1.0, broker
+    for replica in (0, 1):
+        actor = _rows(run_dir, f"actor.{replica}")
+        assert max(float(r["leaves_per_request"]) for r in actor) == 1.0
+        assert int(actor[-1]["simulations"]) > 0 and int(actor[-1]["bad_messages"]) == 0
+
+
+def test_alphazero_moves_games_into_the_replay_and_learns(processes, tmp_path):
+    """A short real run of topologies/alphazero.yaml on tic-tac-toe: the actors' games
+    reach the replay, the learner trains on them and its loss falls."""
+    raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
+    raw["env"] = {"id": TTT}
+    raw["model"] = {"kind": "pv_mlp", "hidden": [64, 64]}
+    raw["algo"].update(num_simulations=16, temperature_moves=3, batch_size=64)
+    raw["nodes"]["replay"]["args"].update(min_size=200)
+    raw["nodes"]["actor"]["args"].update(games=16)
+    run_dir = tmp_path / "run"
+    proc = processes.zmqrl("up", _topology(tmp_path, raw), "--run-dir", str(run_dir),
+                           "--max-seconds", "30", log=tmp_path / "up.log")
+    assert proc.wait(timeout=120) == 0, (tmp_path / "up.log").read_text()[-3000:]
+    replay = _rows(run_dir, "replay")
+    assert int(replay[-1]["inserts"]) >= 200 and int(replay[-1]["bad_messages"]) == 0
+    learner = [r for r in _rows(run_dir, "learner") if r.get("loss")]
+    assert int(learner[-1]["updates"]) >= 20, learner[-1]
+    losses = [float(r["loss"]) for r in learner]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
+    actors = [_rows(run_dir, f"actor.{i}")[-1] for i in (0, 1)]
+    assert all(int(a["games"]) > 0 and int(a["positions_sent"]) > 0 for a in actors)
