@@ -41,6 +41,7 @@ from zmqrl.node import PARENT_PID_ENV
 
 MAX_LINES = 10_000  # output lines kept between two polls; older ones are dropped (counted)
 PORT_TRIES = 20
+REBIND_WAIT_S = 10.0  # how long a wrapper placed again waits for its old ports
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,15 @@ class NodeHost:
         previous = ray.get(self.registry.previous.remote(self.role.label))
         wanted: dict[str, int] = {}
         if previous and previous["ip"] == self.ip:  # placed again here: keep the ports
-            for port, address in previous["addresses"].items():
-                number = int(address.rsplit(":", 1)[1])
-                if port in self.role.binds and _bindable(self.ip, number):
-                    wanted[port] = number
+            old = {p: int(a.rsplit(":", 1)[1]) for p, a in previous["addresses"].items()
+                   if p in self.role.binds}
+            # The node of the wrapper we replace may still be stopping (it got SIGTERM
+            # when that wrapper died): give it a few seconds to let go of its ports.
+            deadline = time.monotonic() + REBIND_WAIT_S
+            while not all(_bindable(self.ip, n) for n in old.values()) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
+            wanted = {p: n for p, n in old.items() if _bindable(self.ip, n)}
         for _ in range(PORT_TRIES):
             ports = {p: wanted.get(p) or _free_port(self.ip) for p in self.role.binds}
             addresses = {p: _tcp(self.ip, n) for p, n in ports.items()}

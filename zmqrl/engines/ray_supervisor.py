@@ -37,7 +37,7 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class _Remote:
     polled_at: float = 0.0
     running: bool = False  # its node process runs (started, no exit seen)
     ip: str = ""
+    addresses: dict[str, str] = field(default_factory=dict)  # port -> where it binds
 
 
 class RaySupervisor(Supervisor):
@@ -93,6 +94,7 @@ class RaySupervisor(Supervisor):
         self.registry: Any = None
         self.auth: security.Authenticator | None = None
         self.run_spec: RunSpec | None = None
+        self.relinking: set[str] = set()  # stopped to start again at new addresses
         self.width = 0
 
     def run(self) -> int:
@@ -223,7 +225,11 @@ class RaySupervisor(Supervisor):
                     self.console.print(f"zmqrl up: {label} could not be placed: "
                                        f"{_short(exc)}", markup=False)
                 continue
-            self.remote[label].ip = where["ip"]
+            remote = self.remote[label]
+            moved = bool(remote.addresses) and remote.addresses != where["addresses"]
+            remote.ip, remote.addresses = where["ip"], where["addresses"]
+            if moved:
+                self._relink(label)
             ports = ", ".join(f"{p} {a}" for p, a in sorted(where["addresses"].items()))
             self.console.print(f"zmqrl up: placed {label} on {where['ip']} "
                                f"({where['hostname']}){': ' + ports if ports else ''}",
@@ -231,6 +237,17 @@ class RaySupervisor(Supervisor):
         if not ok and not self.stopping:
             self._finish("placement failed", 1)
         return ok
+
+    def _relink(self, label: str) -> None:
+        """``label`` was placed again at other addresses (its Ray node is gone): stop the
+        nodes linked to it, whose sockets still point at the old ones; each is started
+        again by its restart policy and looks the new addresses up."""
+        for other, remote in self.remote.items():
+            if remote.running and any(label in labels for labels in remote.role.links.values()):
+                self.console.print(f"supervisor: {label} moved; restarting {other}, which "
+                                   "links to it", markup=False)
+                self.relinking.add(other)
+                remote.host.stop.remote(STOP_GRACE_S)  # its exit comes with the next poll
 
     def _started(self, proc: _Proc, ref: Any) -> bool:
         """Take a ``start`` result: the node runs (its pid is the one whose hello the
@@ -334,7 +351,11 @@ class RaySupervisor(Supervisor):
         self._lines(proc, result)
         if result["exit"] is not None and remote.running:
             remote.running = False
-            self._on_exit(proc, result["exit"], now)
+            if proc.label in self.relinking:  # stopped by _relink: not a failure
+                self.relinking.discard(proc.label)
+                proc.restart_at = now
+            else:
+                self._on_exit(proc, result["exit"], now)
 
     def _lines(self, proc: _Proc, result: dict[str, Any]) -> None:
         if result.get("dropped"):
@@ -383,7 +404,11 @@ def _resources(res: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(shown.items())) + "}"
 
 
-def _short(exc: BaseException) -> str:
-    """The last line of a (possibly Ray-wrapped) error: what the user needs."""
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else type(exc).__name__
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """The gist of a (possibly Ray-wrapped) error: its last line's first sentence (Ray's
+    actor-death messages go on with paragraphs of possible causes)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    first = lines[-1].split(". ")[0].rstrip(".")
+    return first if len(first) <= limit else first[:limit - 1] + "…"
