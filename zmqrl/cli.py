@@ -119,11 +119,12 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
     check(directory)
     stop = launch.StopConditions(max_steps, max_seconds, target_return)
     if engine == "ray":
-        try:
-            from zmqrl.engines.ray_supervisor import RayOptions, RaySupervisor
-        except ImportError as exc:
-            raise click.ClickException(f"--engine ray needs Ray ({exc}): pip install "
-                                       "'zmqrl[ray]'") from None
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise click.ClickException("--engine ray needs Ray: pip install 'zmqrl[ray]'")
+        from zmqrl.engines.ray_supervisor import RayOptions, RaySupervisor
+
         supervisor: launch.Supervisor = RaySupervisor(
             topo, directory, stop, RayOptions(address, strategy, curve, placement_timeout),
             resume=resume_dir is not None)
