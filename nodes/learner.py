@@ -80,7 +80,8 @@ class Learner(Node):
     port_hwm = {"params": 4}  # a subscriber that falls behind gets fresh params, not old
     xpub_ports = frozenset({"params"})  # each new subscriber gets the current params at once
     links = {"replay": Link("dealer", required=False),
-             "param_server": Link("dealer", required=False)}
+             "param_server": Link("dealer", required=False),
+             "pbt": Link("dealer", required=False)}  # PBT controller (nodes/pbt.py)
     metrics_interval_s = 1.0
 
     @dataclass
@@ -94,6 +95,9 @@ class Learner(Node):
         # parameters after each push; k computes on parameters up to k - 1 of our own
         # pushes (and whatever the other learners pushed meanwhile) stale.
         max_pending_grads: int = 1
+        # PBT (set by zmqrl/population.py): this member's index and hyperparameters
+        member: int = -1
+        hyperparameters: dict | None = None
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -147,6 +151,11 @@ class Learner(Node):
         self.algo = make_algo(self.cfg, self.model, **self.updater.algo_options)
         self.updater.bind(self.algo, self._after_update)
         self.source = self._make_source()
+        self.pbt = None
+        if "pbt" in self.ctx.spec.links:
+            from zmqrl.learning.pbt_member import PBTMember
+
+            self.pbt = PBTMember(self, self.args.member, self.args.hyperparameters or {})
         self.updates = 0
         self.last_terms: dict[str, float] = {}
         self.digest: tuple[int, str] | None = None
@@ -202,6 +211,9 @@ class Learner(Node):
     def on_replay(self, envelope: list, msg: wire.Message) -> None:
         self.source.on_message(envelope, msg)
 
+    def on_pbt(self, _envelope: list, msg: wire.Message) -> None:
+        self.pbt.on_message(msg)
+
     def on_param_server(self, _envelope: list, msg: wire.Message) -> None:
         self.updater.on_reply(msg)
 
@@ -250,7 +262,7 @@ class Learner(Node):
     def state(self) -> dict[str, Any]:
         """Everything :meth:`restore` needs (the file format of checkpoint format 1)."""
         source = self.source.state()
-        return {
+        out = {
             "format": _CHECKPOINT_FORMAT,
             "model": self.model.state_dict(),
             "algo": self.algo.state_dict(),
@@ -259,6 +271,9 @@ class Learner(Node):
             "episodes": source["episodes"],
             "rng": _rng_state(),
         }
+        if self.pbt is not None:  # hyperparameters PBT gave it survive a restart
+            out["pbt"] = self.pbt.state()
+        return out
 
     def restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -273,6 +288,8 @@ class Learner(Node):
                              "episodes": state.get("episodes")})
         if "rng" in state:
             _set_rng_state(state["rng"])
+        if self.pbt is not None and "pbt" in state:
+            self.pbt.restore(state["pbt"])
 
     def metrics(self) -> dict[str, Any]:
         row: dict[str, Any] = {"updates": self.updates}
@@ -281,10 +298,13 @@ class Learner(Node):
         row.update({k: round(v, 5) for k, v in self.last_terms.items()})
         if self.digest is not None:
             row["digest_updates"], row["params_digest"] = self.digest
+        if self.pbt is not None:
+            row.update(self.pbt.metrics())
         return row
 
     def teardown(self) -> None:
         self.save_checkpoint()
+        self.source.close()  # before the group goes: data-parallel peers hear the stop
         self.updater.close()
 
 

@@ -37,6 +37,7 @@ NODE_KINDS = {
     "replay": "nodes.replay:Replay",
     "param_server": "nodes.param_server:ParamServer",
     "mcts_actor": "nodes.mcts_actor:MCTSActor",
+    "pbt": "nodes.pbt:PBTController",
 }
 RESTART_POLICIES = ("always", "on-failure", "never")
 # Which socket a link's socket may connect to.
@@ -60,6 +61,9 @@ SCHEMA: dict[str, Any] = {
             "properties": {"id": {"type": "string"}, "kwargs": {"type": "object"}},
         },
         "model": {"type": "object", "properties": {"kind": {"type": "string"}}},
+        # PBT: K members of every node but the controller (zmqrl/population.py expands
+        # it before the checks below, which then see ordinary nodes)
+        "population": {"type": "object"},
         "algo": {"type": "object", "properties": {"kind": {"type": "string"}}},
         "network": {
             "type": "object",
@@ -257,6 +261,12 @@ def from_dict(raw: Any, source: str = "<topology>", *, node: str | None = None) 
     model would load torch into a node that runs none (a remote actor, the replay). Every
     node's class is still imported, for the ports its links connect to.
     """
+    from zmqrl import population
+
+    try:
+        raw = population.expand(raw)
+    except ValueError as exc:
+        raise TopologyError([f"{source}: {exc}"]) from None
     schema_errors = _schema_errors(raw)
     # Semantic checks still run on every node the schema had nothing against, so one
     # pass reports every problem.

@@ -76,10 +76,17 @@ CREDIT = "credit"  # consumer -> producer of experience: ``n`` more messages may
 ERROR = "error"  # reply to a rejected message: ``error`` field says why
 DESCRIBE = "describe"  # anyone -> any bound ROUTER port; reply ``description``
 DESCRIPTION = "description"  # protocol version, message types taken, env and spaces
+# PBT (nodes/pbt.py, zmqrl/learning/pbt_member.py)
+PBT_REPORT = "pbt_report"  # member learner -> pbt: steps, mean return, hyperparameters
+PBT_GET_STATE = "pbt_get_state"  # pbt -> donor learner: reply pbt_state
+PBT_STATE = "pbt_state"  # donor learner -> pbt: weights + optimizer state (``state`` bytes)
+PBT_LOAD = "pbt_load"  # pbt -> recipient learner: a donor's state and new hyperparameters
+PBT_LOADED = "pbt_loaded"  # recipient learner -> pbt: loaded (its new parameter version)
 
 MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS,
                            INSERT, SAMPLE, BATCH, PRIORITIES, GRADS, GET_PARAMS, CREDIT,
-                           ERROR, DESCRIBE, DESCRIPTION})
+                           ERROR, DESCRIBE, DESCRIPTION, PBT_REPORT, PBT_GET_STATE,
+                           PBT_STATE, PBT_LOAD, PBT_LOADED})
 
 _ALLOWED_DTYPES = frozenset(
     f"{k}{n}" for k, sizes in (("int", (8, 16, 32, 64)), ("uint", (8, 16, 32, 64)),
