@@ -33,6 +33,7 @@ runs changes:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -56,11 +57,12 @@ from zmqrl.topology import Topology, ports_of
 POLL_S = 0.2  # how often each wrapper is asked for its node's output and exit
 START_TIMEOUT_S = 120.0  # a wrapper's making, prepare and start, each
 HOST_LOST = -int(signal.SIGKILL)  # the exit code reported when a wrapper actor died
+LOCAL_OBJECT_STORE_BYTES = 128 * 2**20  # a local Ray's; nothing of ours goes through it
 
 
 @dataclass
 class RayOptions:
-    address: str | None = None  # None: RAY_ADDRESS, else a local Ray started for the run
+    address: str | None = None  # None: RAY_ADDRESS, else a Ray started on this machine
     strategy: str = "pack"  # a key of placement.STRATEGIES
     curve: bool | None = None  # None: on when the cluster has more than one node
     placement_timeout_s: float = 120.0
@@ -100,8 +102,20 @@ class RaySupervisor(Supervisor):
     def run(self) -> int:
         import ray
 
-        ray.init(address=self.options.address, namespace="zmqrl", log_to_driver=False,
-                 logging_level=logging.WARNING)
+        address = self.options.address or os.environ.get("RAY_ADDRESS")
+        local: dict[str, Any] = {}
+        if not address:
+            # A Ray of our own on this machine, sized so the run fits as it would under
+            # `up` (Ray's CPUs and custom resources are accounting, not cores).
+            need = placement.totals([s.bundle for s in placement.slots(self.topo)])
+            address = "local"
+            local = {"num_cpus": max(os.cpu_count() or 1, math.ceil(need.get("CPU", 0))),
+                     "resources": {k: v for k, v in need.items()
+                                   if k not in ("CPU", "GPU") and not k.startswith("node:")},
+                     "object_store_memory": LOCAL_OBJECT_STORE_BYTES,
+                     "include_dashboard": False}
+        ray.init(address=address, namespace="zmqrl", log_to_driver=False,
+                 logging_level=logging.WARNING, **local)
         try:
             return super().run()
         finally:
