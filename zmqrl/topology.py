@@ -106,6 +106,19 @@ SCHEMA: dict[str, Any] = {
                         "additionalProperties": {"type": "string", "pattern": r"^\w+\.\w+$"},
                     },
                     "host": {"type": "string"},
+                    # What one replica needs where an engine places it (`up --engine
+                    # ray`: one placement-group bundle per replica); `up` ignores it.
+                    "resources": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "cpus": {"type": "number", "minimum": 0},
+                            "gpus": {"type": "number", "minimum": 0},
+                            "custom": {"type": "object",
+                                       "additionalProperties": {"type": "number",
+                                                                "minimum": 0}},
+                        },
+                    },
                     "restart": {"enum": list(RESTART_POLICIES)},
                     "max_restarts": {"type": "integer", "minimum": 0},
                 },
@@ -139,6 +152,7 @@ class NodeSpec:
     args: dict[str, Any] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
     host: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict)  # {cpus, gpus, custom}
     restart: str = "on-failure"
     max_restarts: int = 5
 
