@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from zmqrl import wire
+from zmqrl import messages, wire
 from zmqrl.checkpoint import Checkpointer, Format, node_checkpoint
 from zmqrl.node import Node
 from zmqrl.population import Population, Settings
@@ -28,6 +28,7 @@ from zmqrl.population import Population, Settings
 # An exploit whose donor or recipient does not answer within this is dropped (the
 # recipient's next ready point tries again).
 _EXPLOIT_TIMEOUT_S = 30.0
+_CONTEXT = messages.Context()  # pbt messages name no env or model shapes
 
 
 def _json_dump(state: dict[str, Any], f: BinaryIO) -> None:
@@ -68,10 +69,12 @@ class PBTController(Node):
                           self.pop.exploits)
 
     def on_members(self, envelope: list, msg: wire.Message) -> None:
+        messages.check(msg, messages.spec(msg.type), _CONTEXT)
         f = msg.fields
-        member = f.get("member")
-        if type(member) is not int or member < 0:
-            raise wire.ProtocolError("pbt messages need a member index >= 0")
+        member = f["member"]
+        if member >= self.pop.settings.size:
+            raise wire.ProtocolError(f"member {member}: the population has "
+                                     f"{self.pop.settings.size}")
         self.envelopes[member] = envelope
         if msg.type == wire.PBT_REPORT:
             decision = self.pop.on_report(member, int(f["steps"]), f.get("mean_return"),

@@ -39,6 +39,7 @@ SYMBOLS: dict[str, tuple[str, int]] = {
     "k": ("episodes reported", 0),
     "m": ("rows selected by a mask", 0),
     "A": ("actions of a discrete action space", 1),
+    "S": ("bytes of a serialized state (`torch.save` of state dicts)", 1),
 }
 # "*obs" / "*action" stand for the env's observation / action shape (discrete: []).
 STAR = ("*obs", "*action")
@@ -245,6 +246,9 @@ _INCARNATION = Field("incarnation", "str", False,
                          "(a producer recounts its credit, protocol §11)")
 _REPLAY_SOURCE = Field("source", "str", False,
                        doc="the replay's incarnation (its keys mean nothing to another)")
+_PBT_MEMBER = Field("member", "int", rule="nonneg", doc="the member's index")
+_PBT_HYPER = Field("hyperparameters", "map", doc="name → value (`algo` fields; `lr` also "
+                                                  "sets the optimizer's)")
 _VERSION = Field("version", "int", rule="nonneg",
                  doc="parameter version that chose the block's first action")
 
@@ -414,6 +418,38 @@ MESSAGES: tuple[MessageSpec, ...] = (
                         _INCARNATION)),
     MessageSpec(wire.ERROR, "Reply to a rejected message.", "ROUTER port → sender",
                 fields=(Field("error", "str", doc="why, for humans"),)),
+    # Population-based training (nodes/pbt.py, zmqrl/learning/pbt_member.py)
+    MessageSpec(
+        wire.PBT_REPORT, "A member's progress, every second.", "member learner → pbt `members`",
+        fields=(_PBT_MEMBER, Field("steps", "int", rule="nonneg", doc="env steps trained on"),
+                Field("mean_return", "number", False, "finite",
+                      "mean return of its last 20 episodes (absent or nil: none yet)"),
+                _PBT_HYPER,
+                Field("checkpointed", "bool", doc="it has a checkpoint on disk (only such "
+                                                  "members are copied)"),
+                Field("updates", "int", False, "nonneg", "its update count"))),
+    MessageSpec(wire.PBT_GET_STATE, "Ask a donor for its state; the reply is `pbt_state`.",
+                "pbt → donor learner `pbt`",
+                fields=(Field("request", "int", rule="nonneg", doc="the recipient's index"),)),
+    MessageSpec(
+        wire.PBT_STATE, "A donor's weights and optimizer state.", "donor learner → pbt",
+        fields=(_PBT_MEMBER, Field("request", "int", rule="nonneg", doc="echoed"), _PBT_HYPER,
+                Field("updates", "int", rule="nonneg", doc="its update count")),
+        arrays=(Array("state", "uint8", ("S",), doc="`torch.save` of `{model, algo, "
+                                                   "updates}` state dicts"),)),
+    MessageSpec(
+        wire.PBT_LOAD, "Load a donor's state, then take new hyperparameters; reply "
+        "`pbt_loaded`.", "pbt → recipient learner `pbt`",
+        fields=(Field("request", "int", rule="nonneg", doc="the recipient's index"),
+                Field("donor", "int", rule="nonneg", doc="the donor's index"), _PBT_HYPER),
+        arrays=(Array("state", "uint8", ("S",), doc="the donor's `pbt_state`"),)),
+    MessageSpec(
+        wire.PBT_LOADED, "The recipient loaded the donor's state and hyperparameters (and "
+        "published its parameters).", "recipient learner → pbt",
+        fields=(_PBT_MEMBER, Field("request", "int", rule="nonneg", doc="echoed"),
+                Field("donor", "int", rule="nonneg", doc="whose state it loaded"),
+                Field("donor_updates", "int", rule="nonneg",
+                      doc="the donor's update count in that state"), _PBT_HYPER)),
 )
 
 SPECS: dict[str, MessageSpec] = {s.key: s for s in MESSAGES}

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zmqrl import wire
+from zmqrl import messages, wire
 
 if TYPE_CHECKING:
     from nodes.learner import Learner
+
+_CONTEXT = messages.Context()  # pbt messages name no env or model shapes
 
 
 def set_hyperparameters(algo: Any, hyper: dict[str, Any]) -> None:
@@ -74,13 +76,15 @@ class PBTMember:
         node = self.learner
         episodes = getattr(node.source, "episodes", None)
         mean = episodes.mean_return(20) if episodes is not None and episodes.count else None
+        extra = {} if mean is None or math.isnan(mean) else {"mean_return": float(mean)}
         node.send("pbt", wire.encode(
             wire.PBT_REPORT, member=self.member, steps=int(node.source.state()["env_steps"]),
-            mean_return=None if mean is None or math.isnan(mean) else float(mean),
             hyperparameters=self.hyper, checkpointed=node.checkpointer.path.exists(),
-            updates=node.updates))
+            updates=node.updates, **extra))
 
     def on_message(self, msg: wire.Message) -> None:
+        if msg.type in (wire.PBT_GET_STATE, wire.PBT_LOAD):
+            messages.check(msg, messages.spec(msg.type), _CONTEXT)
         if msg.type == wire.PBT_GET_STATE:
             self.learner.send("pbt", wire.encode(
                 wire.PBT_STATE, {"state": pack_state(self.learner)}, member=self.member,
