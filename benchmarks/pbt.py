@@ -1,0 +1,89 @@
+"""PBT against the same population without it: the best member's return and wall time.
+
+    python benchmarks/pbt.py [--seeds 1 2 3] [--max-steps 200000] [--set key=value ...]
+        [topologies/pbt_seed.yaml]
+
+Per seed, two runs of `zmqrl up T --max-steps N --set seed=S` (N: env steps of all
+members together, so both arms see the same): one with PBT as the topology says, one
+with `population.ready_after_steps` beyond N (the same members, the same draws, no
+ready point: no exploit). Each run reports the best member's mean return over its last
+100 and 20 episodes (from the learners' last metrics rows), the exploits made, the wall
+time (process start-up included) and the machine's mean load average over the run
+(sampled every 5 s; on a shared machine it says how comparable runs are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def last_row(path: Path) -> dict[str, str]:
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    return rows[-1] if rows else {}
+
+
+def run(topology: str, seed: int, max_steps: int, pbt: bool, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="zmqrl-pbt-") as run_dir:
+        cmd = [sys.executable, "-m", "zmqrl.cli", "up", topology, "--max-steps", str(max_steps),
+               "--set", f"seed={seed}", "--run-dir", run_dir]
+        for override in overrides:
+            cmd += ["--set", override]
+        if not pbt:
+            cmd += ["--set", f"population.ready_after_steps={10 * max_steps}"]
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        loads = []
+        while proc.poll() is None:
+            loads.append(os.getloadavg()[0])
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        wall = time.monotonic() - start
+        members = {}
+        for path in sorted(Path(run_dir, "metrics").glob("learner_m*.csv")):
+            row = last_row(path)
+            if row:
+                members[path.stem] = {k: float(row[k]) for k in
+                                      ("return_mean_100", "return_mean_20", "env_steps",
+                                       "hp_lr")}
+        lineage = Path(run_dir, "pbt", "lineage.jsonl")
+        exploits = len(lineage.read_text().splitlines()) if lineage.exists() else 0
+    best = max(members.values(), key=lambda m: m["return_mean_100"]) if members else {}
+    return {"seed": seed, "pbt": pbt, "rc": proc.returncode, "wall_s": round(wall, 1),
+            "load": round(sum(loads) / max(len(loads), 1), 1), "exploits": exploits,
+            "best_return_100": best.get("return_mean_100"),
+            "best_return_20": best.get("return_mean_20"), "best_lr": best.get("hp_lr"),
+            "env_steps": sum(m["env_steps"] for m in members.values())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("topology", nargs="?", default="topologies/pbt_seed.yaml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--max-steps", type=int, default=200_000)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    print("| seed | PBT | best return(100) | best return(20) | its lr | exploits | env steps "
+          "| wall s | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for seed in args.seeds:
+        for pbt in (True, False):
+            r = run(args.topology, seed, args.max_steps, pbt, args.overrides)
+            print(f"| {seed} | {'yes' if pbt else 'no'} | {r['best_return_100']} | "
+                  f"{r['best_return_20']} | {r['best_lr'] or 0:.2e} | {r['exploits']} | "
+                  f"{r['env_steps']:,.0f} | {r['wall_s']} | {r['load']} |", flush=True)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
