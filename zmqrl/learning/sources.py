@@ -60,6 +60,8 @@ class Source(Protocol):
 
     def lost(self) -> None: ...
 
+    def close(self) -> None: ...
+
     def metrics(self) -> dict[str, Any]: ...
 
     def state(self) -> dict[str, Any]: ...
@@ -143,6 +145,9 @@ class UnrollInbox:
     def lost(self) -> None:
         pass  # producers connect to us; their credit comes back by itself
 
+    def close(self) -> None:
+        pass
+
     def metrics(self) -> dict[str, Any]:
         now = time.monotonic()
         t0, steps0 = self._rate_mark
@@ -198,6 +203,7 @@ class SharedUnrollInbox(UnrollInbox):
                  device: torch.device, rank: int, world: int, recurrent: bool = False):
         super().__init__(node, check, columns, device, recurrent)
         self.rank, self.world = rank, world
+        self.said_stop = False  # an exchange carried a stop bit: all ranks know
         T, H = check.dims["T"], check.dims.get("H", 0)
         obs, action = tuple(check.obs_shape or ()), tuple(check.action_shape or ())
         f32 = np.dtype(np.float32)
@@ -216,7 +222,21 @@ class SharedUnrollInbox(UnrollInbox):
         mine[2 * self.rank] = self.queued_columns
         mine[2 * self.rank + 1] = int(self.node.stopping)
         dist.all_reduce(mine)
-        return mine[0::2].tolist(), bool(mine[1::2].any())
+        stopping = bool(mine[1::2].any())
+        self.said_stop = self.said_stop or stopping  # every rank saw it, in this exchange
+        return mine[0::2].tolist(), stopping
+
+    def close(self) -> None:
+        """A stop signal that arrived during an exchange ends our loop before the next
+        one could carry it: the peers would wait in their next exchange for a rank that
+        is gone. Say it in one more exchange, the one they are waiting in."""
+        if self.said_stop:
+            return
+        self.node.stopping = True
+        try:
+            self._exchange()
+        except RuntimeError:
+            pass  # the peers are gone already
 
     def next_batch(self, version: int) -> Batch | None:
         try:
@@ -346,6 +366,9 @@ class ReplayClient:
         self.in_flight = 0
         self.batches.clear()
         self.reconnects += 1
+
+    def close(self) -> None:
+        self.watch.close()
 
     def metrics(self) -> dict[str, Any]:
         return {"batches_waiting": len(self.batches), "batches_rejected": self.rejected,
