@@ -52,6 +52,13 @@ def test_a_bad_population_section_is_reported():
         load(PBT_SEED, {"population": {"hyperparameters": {"lr": {"normal": [0, 1]}}}})
 
 
+def test_a_member_learner_must_have_one_replica():
+    raw = {"seed": 0, "population": {"size": 2, "hyperparameters": {"lr": {"choice": [1e-3]}}},
+           "nodes": {"learner": {"kind": "learner", "replicas": 2}}}
+    with pytest.raises(ValueError, match="one replica"):
+        expand(raw)
+
+
 def _members(returns: list[float | None], checkpointed: list[bool] | None = None) -> dict:
     checkpointed = checkpointed or [True] * len(returns)
     return {i: Member(steps=100, mean_return=r, hyperparameters={"lr": 1e-3 * (i + 1)},

@@ -118,6 +118,9 @@ def expand(raw: Any) -> Any:
                 if node in copied:
                     links[link] = f"{member_name(node, member)}.{port}"
             if body.get("kind") == "learner":
+                if body.get("replicas", 1) != 1:  # a load would reach one replica only
+                    raise ValueError(f"population: node '{name}': a member's learner must "
+                                     "have one replica (data-parallel members: not yet)")
                 args = body.setdefault("args", {})
                 args["member"] = member
                 args["hyperparameters"] = hyper
