@@ -63,9 +63,9 @@ def _ready(run_dir: Path) -> bool:
                    or links.get(s, {}).get("out_per_s") for s in SOCKETS[label][:1]):
             return False
     rows = read_csv(run_dir / "metrics" / "run.csv")
-    learned = [r for r in read_csv(run_dir / "metrics" / "learner.csv")
-               if int(r["updates"] or 0) > 0]
-    return len(learned) >= 3 and bool(rows) and rows[-1]["return_mean_100"] not in ("", "nan")
+    learned = {r["env_steps"] for r in read_csv(run_dir / "metrics" / "learner.csv")
+               if int(r["updates"] or 0) > 0}  # a loaded machine can stall it a while
+    return len(learned) >= 2 and bool(rows) and rows[-1]["return_mean_100"] not in ("", "nan")
 
 
 @pytest.fixture(scope="module")
