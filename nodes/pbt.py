@@ -40,7 +40,7 @@ JSON = Format(".json", _json_dump, lambda path: json.loads(Path(path).read_text(
 
 class PBTController(Node):
     binds = {"members": "router"}
-    accepts = {"members": (wire.PBT_REPORT, wire.PBT_STATE, wire.PBT_LOADED)}
+    accepts = {"members": (wire.PBT_REPORT, wire.PBT_STATE, wire.PBT_LOADED, wire.ERROR)}
     metrics_interval_s = 1.0
 
     @dataclass
@@ -69,6 +69,9 @@ class PBTController(Node):
                           self.pop.exploits)
 
     def on_members(self, envelope: list, msg: wire.Message) -> None:
+        if msg.type == wire.ERROR:  # a member rejected what we sent; its exploit times out
+            self.log.warning("a member answered: %s", msg.fields.get("error"))
+            return
         messages.check(msg, messages.spec(msg.type), _CONTEXT)
         f = msg.fields
         member = f["member"]
@@ -95,7 +98,8 @@ class PBTController(Node):
                 wire.PBT_LOAD, {"state": msg["state"]}, request=recipient, donor=member,
                 hyperparameters=decision.hyperparameters), self.envelopes[recipient])
         elif msg.type == wire.PBT_LOADED:
-            old = dict(self.pop.members[member].hyperparameters)
+            known = self.pop.members.get(member)
+            old = dict(known.hyperparameters) if known else {}
             decision = self.pop.on_loaded(member)
             if decision is None:
                 return
