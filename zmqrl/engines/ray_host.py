@@ -266,17 +266,18 @@ class NodeHost:
         self.exit_reported = True
 
     def stop(self, grace_s: float) -> dict[str, Any]:
-        """Stop the node (SIGTERM, SIGKILL to its group after ``grace_s``)."""
+        """Stop the node (SIGTERM, SIGKILL to its group after ``grace_s``). Its exit is
+        still reported by the next ``poll`` (a node stopped to be started again)."""
         code = None
         if self.popen is not None and not self.exit_reported:
             lifetime.signal_group(self.popen.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
             while self.popen.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-            code = self.popen.poll()
-            self._reap()
-            if code is None:
-                code = self.popen.wait()
+            lifetime.signal_group(self.popen.pid, signal.SIGKILL)  # the rest of its group
+            code = self.popen.wait()
+            if self._pump is not None:
+                self._pump.join(2.0)
         return {"lines": self._drain(), "exit": code, "dropped": self.dropped}
 
     def pids(self) -> dict[str, int | None]:
