@@ -155,7 +155,7 @@ class PPOLearner:
                                       cfg.gae_lambda)
         if self.sequences:
             return sequence_samples(batch, values, advantages, returns)
-        obs = batch["obs"][:T].float()
+        obs = batch["obs"][:T]  # the env's dtype: the model converts
         action = batch["action"]
         return {
             "obs": obs.reshape(T * B, *obs.shape[2:]),

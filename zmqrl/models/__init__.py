@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from zmqrl.devices import pick_device  # noqa: F401 (re-exported: nodes import it here)
 from zmqrl.envs import EnvSpec
 from zmqrl.models.conv import (
     ConvActorCritic,
@@ -95,10 +96,6 @@ def build_model(model_cfg: dict[str, Any], spec: EnvSpec, seed: int = 0) -> nn.M
         raise ValueError(f"model ({kind}): {exc}") from None
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def state_arrays(model: nn.Module) -> dict:
