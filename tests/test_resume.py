@@ -281,8 +281,10 @@ def test_killed_replay_comes_back_and_resume_restores_it_with_the_learner(
         for field in fields:
             assert batch[field][j].tobytes() == saved[f"items/{field}"][i].tobytes(), field
     client.close()
-    # The learner reconnected to the restarted replay by itself and trains on.
-    now = max(int(r["updates"]) for r in rows(run_dir, "learner"))
+    # The learner reconnected to the restarted replay by itself and trains on. (Actors that
+    # batch their inserts fill 200 items before a loaded machine's learner has reported.)
+    learner_rows = wait_for(lambda: rows(run_dir, "learner"), 60, "the learner's metrics")
+    now = max(int(r["updates"]) for r in learner_rows)
     wait_for(lambda: updates_at_least(run_dir, now + 5), 60,
              "the learner to update from the restarted replay")
 
