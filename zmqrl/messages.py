@@ -68,7 +68,7 @@ RULES: dict[str, str] = {
 
 # Array dtypes: concrete numpy names, or a symbol the context resolves.
 DTYPE_SYMBOLS: dict[str, str] = {
-    "obs": "the env's observation dtype (float32)",
+    "obs": "the env's observation dtype (float32; uint8 for pixel envs)",
     "action": "the env's action dtype: int64 (discrete) or float32 (Box)",
     "float": "float16, float32 or float64",
 }
