@@ -44,6 +44,9 @@ def test_search_takes_the_win_and_blocks_with_uniform_priors():
         assert row.sum() == params.num_simulations
         assert row.argmax() == move and row[move] > 0.6 * row.sum(), (str(state), row)
         assert (row[~game.legal_mask(state)] == 0).all()
+    # each game's tree is its own: searched alone, a position gets the same visits
+    for row, state in zip(visits, positions.values(), strict=True):
+        np.testing.assert_array_equal(search(game, [state], uniform_for(game), params)[0], row)
     # what a perfect player says of the same positions
     minimax = Minimax()
     best = [minimax.best_actions(s) for s in positions.values()]
@@ -192,14 +195,19 @@ def test_leaves_of_two_actors_share_one_forward_pass(processes, tmp_path):
 
 
 def test_alphazero_moves_games_into_the_replay_and_learns(processes, tmp_path):
-    """A short real run of topologies/alphazero.yaml on tic-tac-toe: the actors' games
-    reach the replay, the learner trains on them and its loss falls."""
+    """A short real run of topologies/alphazero.yaml on tic-tac-toe, plus one actor that
+    evaluates its leaves itself (``policy: local``): the actors' games reach the replay,
+    the learner trains on them and its loss falls, and the local actor follows the
+    learner's parameters."""
     raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
     raw["env"] = {"id": TTT}
     raw["model"] = {"kind": "pv_mlp", "hidden": [64, 64]}
     raw["algo"].update(num_simulations=16, temperature_moves=3, batch_size=64)
     raw["nodes"]["replay"]["args"].update(min_size=200)
     raw["nodes"]["actor"]["args"].update(games=16)
+    raw["nodes"]["local_actor"] = {
+        "kind": "mcts_actor", "args": {"policy": "local", "games": 16, "lanes": 1},
+        "links": {"experience": "replay.experience", "params": "learner.params"}}
     run_dir = tmp_path / "run"
     proc = processes.zmqrl("up", _topology(tmp_path, raw), "--run-dir", str(run_dir),
                            "--max-seconds", "30", log=tmp_path / "up.log")
@@ -210,5 +218,6 @@ def test_alphazero_moves_games_into_the_replay_and_learns(processes, tmp_path):
     assert int(learner[-1]["updates"]) >= 20, learner[-1]
     losses = [float(r["loss"]) for r in learner]
     assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
-    actors = [_rows(run_dir, f"actor.{i}")[-1] for i in (0, 1)]
+    actors = [_rows(run_dir, label)[-1] for label in ("actor.0", "actor.1", "local_actor")]
     assert all(int(a["games"]) > 0 and int(a["positions_sent"]) > 0 for a in actors)
+    assert int(actors[2]["param_version"]) > 0  # the local actor searched with new params
