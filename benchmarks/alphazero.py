@@ -141,6 +141,10 @@ def throughput(args: argparse.Namespace) -> None:
     raw["env"] = {"id": env_id(args.game)}
     if args.simulations:
         raw["algo"]["num_simulations"] = args.simulations
+    actor = raw["nodes"]["actor"]
+    args.actors = args.actors or actor.get("replicas", 1)
+    args.lanes = args.lanes or actor["args"]["lanes"]
+    args.games = args.games or actor["args"]["games"]
     game = Game(args.game)
     model = build_model(raw["model"], env_spec(raw["env"]), seed=0).eval()
     params = SearchParams.of(algo_config.parse(raw["algo"]))
@@ -252,6 +256,7 @@ def tictactoe(args: argparse.Namespace) -> None:
                        temperature_moves=args.temperature_moves)
     raw["nodes"]["replay"]["args"].update(capacity=20_000, min_size=500)
     raw["nodes"]["learner"]["args"].update(checkpoint_every=50)
+    raw["nodes"]["actor"]["args"].update(games=args.games)
     game = Game("tic_tac_toe")
     spec = env_spec(raw["env"])
     params = SearchParams.of(algo_config.parse(raw["algo"]), dirichlet_fraction=0.0)
@@ -297,9 +302,10 @@ def main() -> None:
     t = sub.add_parser("throughput")
     t.add_argument("--game", default="connect_four")
     t.add_argument("--seconds", type=float, default=30.0)
-    t.add_argument("--actors", type=int, default=2)
-    t.add_argument("--lanes", type=int, default=2)
-    t.add_argument("--games", type=int, default=32)
+    # 0: the topology's actors (replicas, lanes, games per lane)
+    t.add_argument("--actors", type=int, default=0)
+    t.add_argument("--lanes", type=int, default=0)
+    t.add_argument("--games", type=int, default=0)
     t.add_argument("--simulations", type=int, default=0, help="0: the topology's")
     t.set_defaults(run=throughput)
     c = sub.add_parser("tictactoe")
@@ -307,6 +313,7 @@ def main() -> None:
     c.add_argument("--every", type=float, default=120.0)
     c.add_argument("--simulations", type=int, default=50)
     c.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
+    c.add_argument("--games", type=int, default=64, help="games per actor lane")
     # tic-tac-toe is 9 moves: every self-play move sampled in proportion to the visits
     c.add_argument("--temperature-moves", type=int, default=9)
     c.set_defaults(run=tictactoe)
