@@ -64,8 +64,10 @@ def game_name(env_cfg: dict[str, Any]) -> str:
 def _pyspiel() -> Any:
     try:
         import pyspiel
-    except ImportError as exc:
-        raise ImportError(f"OpenSpiel games need open_spiel: {GAMES_INSTALL}") from exc
+    except ImportError:
+        # gymnasium's error for a missing extra: `zmqrl validate` reports it on env.id
+        raise gym.error.DependencyNotInstalled(
+            f"OpenSpiel games need open_spiel: {GAMES_INSTALL}") from None
     return pyspiel
 
 
