@@ -396,3 +396,59 @@ def test_gorila_target_network_follows_the_servers_version():
     finally:
         push.close()
         Node.sockets["param_server"].close()
+
+
+# ----- replay client: prefetch bounds what waits, not only what is asked -------------
+def test_replay_client_keeps_at_most_prefetch_batches_asked_or_waiting():
+    """A learner slower than its replay (Gorila's waits on the parameter server) used to
+    ask again whenever a batch arrived, so untrained batches piled up without end (973
+    after 42 s in a Gorila run): stale samples, memory, and a rate limiter counting
+    batches nobody trained on. Asked-for plus waiting stays within ``prefetch``."""
+    import torch
+
+    from zmqrl.learning.checks import context
+    from zmqrl.learning.sources import ReplayClient
+
+    spec = env_spec({"id": "CartPole-v1"})
+    model = build_model({"kind": "dueling_mlp", "hidden": [8]}, spec)
+    sent: list[wire.Message] = []
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+
+    class Node:  # what the client uses of a node: its socket, send, label, log
+        sockets = {"replay": sock}
+        ctx = type("Ctx", (), {"label": "learner"})()
+        log = __import__("logging").getLogger("test")
+
+        def send(self, link: str, frames: list) -> None:
+            sent.append(wire.decode(frames))
+
+        def expect_reply(self, msg: wire.Message, want: str, who: str) -> None:
+            assert msg.type == want
+
+    B = 4
+    client = ReplayClient(Node(), context(spec, model), B, prefetch=2,
+                          device=torch.device("cpu"))
+    rng = np.random.default_rng(0)
+
+    def batch() -> wire.Message:
+        return wire.decode(wire.encode(wire.BATCH, {
+            "obs": rng.normal(size=(B, 4)).astype(np.float32),
+            "action": np.zeros(B, np.int64), "reward": np.ones(B, np.float32),
+            "discount": np.full(B, 0.99, np.float32),
+            "next_obs": rng.normal(size=(B, 4)).astype(np.float32),
+            "weight": np.ones(B, np.float32), "key": np.arange(B, dtype=np.int64)}))
+
+    try:
+        client.poll()
+        assert len(sent) == 2  # prefetch requests out
+        for _ in range(10):  # the replay answers each request; the learner trains on none
+            for _ in range(client.in_flight):
+                client.on_message([], batch())
+            client.poll()
+        assert len(client.batches) == 2 and len(sent) == 2, (len(client.batches), len(sent))
+        assert client.next_batch(0) is not None  # trained on one: one more may be asked
+        client.poll()
+        assert len(sent) == 3 and client.in_flight == 1 and len(client.batches) == 1
+    finally:
+        client.close()
+        sock.close(linger=0)

@@ -290,8 +290,9 @@ def _all_gather_columns(local: np.ndarray | None, shares: list[int], rank: int,
 class ReplayClient:
     """Batches from the replay behind DEALER link ``link`` of ``node``.
 
-    Keeps ``prefetch`` ``sample`` requests in flight. A replay may hold them back for a
-    long time (warm-up, its rate limiter); that is waiting, not loss, and nothing is
+    Keeps at most ``prefetch`` batches asked for or waiting to be trained on. A replay
+    may hold requests back for a long time (warm-up, its rate limiter); that is waiting,
+    not loss, and nothing is
     resent. They are lost only when the replay is (see ``zmqrl.learning.connection``):
     then the socket is reopened and the requests sent again. A ``batch`` that fails the
     checks is rejected (a ``ProtocolError``: logged and counted by the node runtime)
@@ -348,7 +349,11 @@ class ReplayClient:
         if self.watch.dropped():
             self.node.log.warning("connection to the replay dropped; asking again")
             self.lost()
-        while self.in_flight < self.prefetch:
+        # prefetch bounds requested *and* received-but-untrained batches: a learner slower
+        # than the replay (Gorila's, waiting on the parameter server) would otherwise pile
+        # up batches without end, train on ever staler samples, and let the rate limiter
+        # count as learned-from what only sits in this queue.
+        while self.in_flight + len(self.batches) < self.prefetch:
             # client: our label, the same after a reconnect or restart, so the replay
             # replaces what an earlier connection of ours still has waiting there
             self.node.send(self.link, wire.encode(wire.SAMPLE, batch_size=self.batch_size,
