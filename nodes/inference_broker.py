@@ -76,7 +76,7 @@ class InferenceBroker(Node):
         self.model = build_model(topo.model, self.spec, topo.seed).to(self.device)
         self.model.eval()
         cfg = topo.algo_config
-        self.behaviour_type = behaviour_for(cfg.family)
+        self.behaviour_type = behaviour_for(cfg.family, acting=topo.acting)
         self.cfg = cfg
         self.unroll = getattr(cfg, "unroll", 0)  # (for the log line and tests)
         self.step_check = messages.Context.from_env(self.spec)

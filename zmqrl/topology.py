@@ -27,6 +27,8 @@ import jsonschema
 import yaml
 
 from zmqrl import algo_config, security
+from zmqrl.selfplay import config as selfplay_config
+from zmqrl.selfplay.config import SelfPlayConfig
 
 # kind -> "module:Class". A topology can also say impl: "pkg.mod:Class" for any other.
 NODE_KINDS = {
@@ -38,6 +40,7 @@ NODE_KINDS = {
     "param_server": "nodes.param_server:ParamServer",
     "mcts_actor": "nodes.mcts_actor:MCTSActor",
     "pbt": "nodes.pbt:PBTController",
+    "league": "nodes.league:League",
 }
 RESTART_POLICIES = ("always", "on-failure", "never")
 # Which socket a link's socket may connect to.
@@ -64,6 +67,8 @@ SCHEMA: dict[str, Any] = {
         # PBT: K members of every node but the controller (zmqrl/population.py expands
         # it before the checks below, which then see ordinary nodes)
         "population": {"type": "object"},
+        # self-play against a pool of past policies (zmqrl/selfplay/config.py)
+        "self_play": {"type": "object"},
         "algo": {"type": "object", "properties": {"kind": {"type": "string"}}},
         "network": {
             "type": "object",
@@ -173,6 +178,14 @@ class Topology:
     network: dict[str, Any] = field(default_factory=dict)
     source: str = "<topology>"
     import_paths: list[str] = field(default_factory=list)  # absolute; see load_class
+    self_play: dict[str, Any] | None = None  # as written; see acting
+
+    @functools.cached_property
+    def acting(self) -> SelfPlayConfig | None:
+        """The topology's acting choice beyond its algorithm's family: the ``self_play``
+        section parsed (defaults filled in), or None. ``zmqrl.acting.behaviour_for``
+        takes it; parsed once, when the topology loads."""
+        return SelfPlayConfig.parse(self.self_play)
 
     @functools.cached_property
     def algo_config(self) -> algo_config.AlgoConfig:
@@ -193,6 +206,8 @@ class Topology:
             out["network"] = self.network
         if self.import_paths:
             out["import_paths"] = self.import_paths
+        if self.self_play is not None:
+            out["self_play"] = self.self_play
         return out
 
 
@@ -302,12 +317,14 @@ def from_dict(raw: Any, source: str = "<topology>", *, node: str | None = None) 
         network=raw.get("network", {}) if isinstance(raw, dict) else {},
         source=source,
         import_paths=raw.get("import_paths", []) if isinstance(raw, dict) else [],
+        self_play=raw.get("self_play") if isinstance(raw, dict) else None,
     )
     errors = [(path, msg) for path, msg in schema_errors]
     errors += _semantic_errors(topo, broken, node)
     if errors:
         raise TopologyError([f"{source}: {_where(path)}: {msg}" for path, msg in errors])
     topo.algo_config  # noqa: B018  (parsed now: every node reads the same config)
+    topo.acting  # noqa: B018
     return topo
 
 
@@ -388,6 +405,7 @@ def _semantic_errors(topo: Topology, broken: set[str],
                 errors.append((where, f"a {cls.links[link].socket} link cannot connect to "
                                       f"'{target}', a {ports[port]} port"))
     errors += _algo_errors(topo.algo)
+    errors += _self_play_errors(topo)
     errors += _env_model_errors(topo) if node is None else []
     errors += _network_errors(topo.network)
     return errors
@@ -429,6 +447,12 @@ def _network_errors(network: dict[str, Any]) -> list[tuple[tuple, str]]:
         return []
     return [(("network", "curve", "keys"), problem)
             for problem in security.check_key_dir(directory)]
+
+
+def _self_play_errors(topo: Topology) -> list[tuple[tuple, str]]:
+    kind = topo.algo.get("kind", algo_config.DEFAULT_KIND)
+    family = getattr(algo_config.CONFIGS.get(kind), "family", None)
+    return selfplay_config.errors(topo.self_play, topo.env, family)
 
 
 def _algo_errors(algo: dict[str, Any]) -> list[tuple[tuple, str]]:

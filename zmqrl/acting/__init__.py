@@ -49,15 +49,29 @@ BEHAVIOURS: dict[tuple[str, str], str] = {
 EPSILON_FAMILIES = frozenset({REPLAY, SEQUENCE})
 
 
-def behaviour_for(family: str, destination: str = "experience") -> type[Behaviour]:
-    """The behaviour class of an algorithm family shipping to ``destination``."""
-    try:
-        target = BEHAVIOURS[(family, destination)]
-    except KeyError:
-        raise ValueError(f"no behaviour for a '{family}' algorithm shipping to "
-                         f"'{destination}'") from None
+def behaviour_for(family: str, destination: str = "experience",
+                  acting: Any = None) -> type[Behaviour]:
+    """The behaviour class of an algorithm family shipping to ``destination``.
+
+    ``acting``: the topology's acting choice (``Topology.acting``: a parsed section such
+    as ``self_play``, or None). It names its behaviour (``acting.behaviour``, for the
+    family ``acting.family``); the class returned is a subclass of it whose ``config``
+    is ``acting``, so every connection's behaviour reads its knobs from its class."""
+    if acting is not None:
+        if (family, destination) != (acting.family, "experience"):
+            raise ValueError(f"{type(acting).__name__} acts for a '{acting.family}' algorithm "
+                             f"shipping to 'experience', not '{family}' to '{destination}'")
+        target = acting.behaviour
+    else:
+        try:
+            target = BEHAVIOURS[(family, destination)]
+        except KeyError:
+            raise ValueError(f"no behaviour for a '{family}' algorithm shipping to "
+                             f"'{destination}'") from None
     module, _, name = target.partition(":")
     cls: type[Behaviour] = getattr(importlib.import_module(module), name)
+    if acting is not None:
+        cls = type(cls.__name__, (cls,), {"config": acting, "__module__": cls.__module__})
     if cls.explores_by_epsilon != (family in EPSILON_FAMILIES):
         raise TypeError(f"{target}.explores_by_epsilon is {cls.explores_by_epsilon}, but "
                         f"EPSILON_FAMILIES {'lacks' if cls.explores_by_epsilon else 'has'} "

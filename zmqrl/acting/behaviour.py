@@ -172,10 +172,12 @@ class EpisodeLog:
             self.lengths.append(np.asarray(lengths, np.int32))
 
     def attach(self, arrays: dict[str, np.ndarray]) -> None:
-        """Add ``ep_return``/``ep_length`` of everything pooled so far to ``arrays``."""
+        """Add ``ep_return``/``ep_length`` of everything pooled so far to ``arrays``
+        (and forget them). Arrays that already carry episodes keep theirs: a behaviour
+        that scores its own (self-play: the learner's seat) knows better than the envs."""
         if self.returns:
-            arrays["ep_return"] = np.concatenate(self.returns)
-            arrays["ep_length"] = np.concatenate(self.lengths)
+            arrays.setdefault("ep_return", np.concatenate(self.returns))
+            arrays.setdefault("ep_length", np.concatenate(self.lengths))
             self.returns, self.lengths = [], []
 
 

@@ -35,7 +35,7 @@ class LocalActing:
         self.model.eval()
         self.params = ParamsFollower(self.model, actor)
         destination = "param_server" if "param_server" in actor.sockets else "experience"
-        cls = behaviour_for(cfg.family, destination)
+        cls = behaviour_for(cfg.family, destination, topo.acting)
         epsilon = actor.epsilon() if cls.explores_by_epsilon else 0.0
         link = actor.ctx.spec.links.get("experience", "")
         self.behaviour = cls(ActingSetup(
