@@ -100,6 +100,8 @@ def tag_of(column: str, kind: str | None, links: Iterable[str] = ()) -> str | No
     for link in sorted(links, key=len, reverse=True):  # "experience_x" before "exp"
         if column.startswith(f"{link}_") and column[len(link) + 1:] in EDGE_SUFFIXES:
             return f"edges/{link}/{column[len(link) + 1:]}"
+    if "/" in column:  # a column that names its own tag (the league's eval/..., population/...)
+        return column
     if column in CHARTS:
         return f"charts/{CHARTS[column]}"
     if column in HEALTH:
