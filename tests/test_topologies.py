@@ -16,9 +16,11 @@ from conftest import REPO, read_csv
 
 # Pixel topologies (*_atari, *_minatar) learn on another scale: tests/test_pixels.py runs
 # the MinAtar ones for a few seconds; BENCHMARKS.md has their learning. A population
-# (pbt_seed: 4 SEED members, 13 processes) has tests/test_pbt.py's real run.
+# (pbt_seed: 4 SEED members, 13 processes) has tests/test_pbt.py's real run; selfplay
+# (no return to reach: a win rate) has tests/test_selfplay.py's, with these link checks.
 TOPOLOGIES = sorted(p.stem for p in (REPO / "topologies").glob("*.yaml")
-                    if not p.stem.endswith(("_atari", "_minatar")) and p.stem != "pbt_seed")
+                    if not p.stem.endswith(("_atari", "_minatar"))
+                    and p.stem not in ("pbt_seed", "selfplay"))
 # A random policy averages ~22 on CartPole; 150 over 100 episodes is real learning.
 TARGET = 150
 MAX_SECONDS = 180
