@@ -34,10 +34,12 @@ from zmqrl.topology import TopologyError, load  # noqa: E402
 
 from conftest import REPO, read_csv  # noqa: E402
 
-# Measured on the shared 2-core machine (load 4-7): untrained 5 % (illegal moves lose),
-# 50-65 % after ~15 s, 70-80 % from ~45 s (40 games an evaluation: +-7 %).
+# Measured (board_mlp, illegal moves masked; 40 games an evaluation: +-7 %): untrained
+# ~45 % (uniform over the legal moves: random against random wins 44 %), 88 % after 16 s,
+# 72-95 % from then on (quiet machine; 120 s run).
 RUN_SECONDS = 60
-WIN_BAR = 0.65
+UNTRAINED_AT_MOST = 0.6
+WIN_BAR = 0.8
 TTT = {"id": env_id("tic_tac_toe"), "kwargs": {"opponent": "self"}}
 
 
@@ -273,7 +275,7 @@ def test_selfplay_topology_learns_to_beat_a_random_player(processes, tmp_path):
     rows = read_csv(run_dir / "metrics" / "league.csv")
     rates = [float(r["eval/win_rate_random"]) for r in rows if r.get("eval/win_rate_random")]
     first, best = rates[0], max(rates)
-    assert first < 0.3, rates  # an untrained policy forfeits most games by illegal moves
+    assert first < UNTRAINED_AT_MOST, rates  # the untrained policy: as good as random
     assert best >= WIN_BAR, f"best win rate {best} against random: {rates}"
     from test_topologies import assert_data_crossed_every_link
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from zmqrl.devices import pick_device  # noqa: F401 (re-exported: nodes import it here)
 from zmqrl.envs import EnvSpec
+from zmqrl.models.board import BoardActorCritic
 from zmqrl.models.conv import (
     ConvActorCritic,
     ConvDuelingQNetwork,
@@ -31,6 +32,7 @@ MODEL_KINDS: dict[str, Callable[..., nn.Module]] = {
 MODEL_KINDS["lstm_q"] = RecurrentQNetwork
 MODEL_KINDS["lstm_ac"] = RecurrentActorCritic
 MODEL_KINDS.update(pv_mlp=PolicyValueMLP, pv_conv=PolicyValueConv)  # search (AlphaZero)
+MODEL_KINDS["board_mlp"] = BoardActorCritic  # games: illegal moves masked
 
 
 def _on_torso(cls: Callable[..., nn.Module], torso: str) -> Callable[..., nn.Module]:
@@ -56,6 +58,7 @@ for _torso in ("nature", "impala"):
 MODEL_ALGOS: dict[str, frozenset[str]] = {
     "mlp": frozenset({"vtrace", "a2c", "ppo"}),
     "lstm_ac": frozenset({"vtrace", "a2c", "ppo"}),
+    "board_mlp": frozenset({"vtrace", "a2c", "ppo"}),
     "dueling_mlp": frozenset({"dqn"}),
     "lstm_q": frozenset({"r2d2"}),
     "pv_mlp": frozenset({"alphazero"}), "pv_conv": frozenset({"alphazero"}),

@@ -126,6 +126,10 @@ class ActorCritic(nn.Module):
         flat = as_float(obs.reshape(obs.shape[0], -1))
         return flat if self.obs_norm is None else self.obs_norm(flat)
 
+    def _logits(self, obs: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Discrete policy logits [N, A] (a subclass may mask them by the observation)."""
+        return self.policy(features)
+
     def _gaussian(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log-std [N, A]."""
         out = self.policy(features)
@@ -162,7 +166,7 @@ class ActorCritic(nn.Module):
         features = self._features(obs)
         values = self.value(features).squeeze(-1)
         if self.discrete:
-            return self.policy(features), values
+            return self._logits(obs, features), values
         return self._gaussian(features)[0], values
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor
@@ -172,7 +176,7 @@ class ActorCritic(nn.Module):
         features = self._features(obs)
         values = self.value(features).squeeze(-1)
         if self.discrete:
-            logp_all = torch.log_softmax(self.policy(features), dim=-1)
+            logp_all = torch.log_softmax(self._logits(obs, features), dim=-1)
             logp = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
             return logp, entropy, values
@@ -192,7 +196,7 @@ class ActorCritic(nn.Module):
         features = self._features(obs)
         if self.discrete:
             # Direct sampling: torch.distributions costs ~30 us of argument checks per call.
-            logp_all = torch.log_softmax(self.policy(features), dim=-1)
+            logp_all = torch.log_softmax(self._logits(obs, features), dim=-1)
             action = torch.multinomial(logp_all.exp(), 1)
             return action.squeeze(-1), logp_all.gather(-1, action).squeeze(-1)
         mean, log_std = self._gaussian(features)
