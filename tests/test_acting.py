@@ -167,12 +167,17 @@ def test_inserts_wait_for_insert_batch_and_carry_priorities_only_when_asked():
         assert ("priority" in item.arrays) is priorities
 
 
-def test_only_a_prioritized_replay_is_sent_priorities():
+def test_only_a_prioritized_replay_is_sent_priorities(tmp_path):
     from zmqrl.acting.q_learning import replay_samples_by_priority
     from zmqrl.topology import load as load_topology
 
     apex = load_topology(REPO / "topologies" / "apex.yaml")
-    gorila = load_topology(REPO / "topologies" / "gorila.yaml")
+    # gorila.yaml samples by priority; the Gorila paper's uniform replay is one line away
+    text = (REPO / "topologies" / "gorila.yaml").read_text()
+    assert "sampler: prioritized" in text
+    (tmp_path / "gorila.yaml").write_text(text.replace("sampler: prioritized",
+                                                       "sampler: uniform"))
+    gorila = load_topology(tmp_path / "gorila.yaml")
     assert replay_samples_by_priority(apex, apex.nodes["actor"].links["experience"])
     assert not replay_samples_by_priority(gorila, gorila.nodes["actor"].links["experience"])
     assert replay_samples_by_priority(gorila, "elsewhere.experience")  # unknown: send them

@@ -361,6 +361,15 @@ def test_a_run_across_two_ray_nodes_learns_recovers_and_stops_cleanly(
         assert servers[table["broker.policy"][0]] == broker_key.decode()
         # 2. It learns (a random policy's mean return is about 22).
         wait_for(learned, 180, "a mean return of 100 over 100 episodes")
+        # `zmqrl status` sees a Ray run as it sees any: every node alive with its links
+        # (the nodes write their status files into the run directory, on every host).
+        from zmqrl.status import snapshot
+
+        view = {n.label: n for n in snapshot(run_dir).nodes}
+        assert {label: view[label].state for label in view} == dict.fromkeys(
+            ("learner", "broker", "actor.0", "actor.1"), "alive"), view
+        assert "broker.policy" in {link.peer for link in view["actor.0"].links}
+        assert "learner.experience" in {link.peer for link in view["broker"].links}
         # 3. kill -9 of an actor's node process: restarted by its policy, as under `up`.
         os.kill(pid_of(run_dir, "actor", 0), signal.SIGKILL)
         wait_for(lambda: "actor.0 exited with -9; restart 1/" in log.read_text(), 30,
