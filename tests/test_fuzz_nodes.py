@@ -40,10 +40,6 @@ from zmqrl.topology import from_dict, load, load_class
 
 from conftest import Processes, read_csv, stop_all, wait_for
 
-# One worker runs this module in order: its last tests read what the fuzz before them
-# left in the shared topology's metrics and logs.
-pytestmark = pytest.mark.xdist_group("fuzz_nodes")
-
 LIMIT = 1 << 20  # the nodes' message limit: fuzz frames stay far below the socket cap
 PONG_DEADLINE_S = 15.0  # a node that takes longer to answer a ping after a batch hangs
 UNROLL = 4  # algo.unroll

@@ -27,9 +27,6 @@ from zmqrl.runmetrics import StopConditions
 
 from conftest import REPO, Processes, read_csv, stop_process, wait_for, write_topology
 
-# One worker runs this module, so its tests share one live run (the module fixture).
-pytestmark = pytest.mark.xdist_group("observe")
-
 LABELS = ("learner", "broker", "actor.0", "actor.1")
 SOCKETS = {"learner": ("experience", "params"), "broker": ("policy", "experience", "params"),
            "actor.0": ("policy",), "actor.1": ("policy",)}

@@ -14,10 +14,6 @@ from zmqrl.topology import Topology, load
 
 from conftest import REPO, read_csv
 
-# One worker runs these learning runs one after another (pyproject's addopts): each
-# time bound assumes no other learning run beside it.
-pytestmark = pytest.mark.xdist_group("learning")
-
 # Pixel topologies (*_atari, *_minatar) learn on another scale: tests/test_pixels.py runs
 # the MinAtar ones for a few seconds; BENCHMARKS.md has their learning. A population
 # (pbt_seed: 4 SEED members, 13 processes) has tests/test_pbt.py's real run; selfplay
