@@ -80,6 +80,9 @@ class InferenceBroker(Node):
         self.cfg = cfg
         self.unroll = getattr(cfg, "unroll", 0)  # (for the log line and tests)
         self.step_check = messages.Context.from_env(self.spec)
+        self.step_spec = messages.spec(wire.STEP)
+        # Most steps end no episode by a time limit: one empty array serves them all.
+        self.no_final_obs = np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
         self.behaviours: dict[bytes, Behaviour] = {}  # per actor connection
         self.last_seen: dict[bytes, float] = {}
         self.sync = self.args.mode == "sync"
@@ -110,7 +113,7 @@ class InferenceBroker(Node):
     def on_policy(self, envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.STEP:
             raise wire.ProtocolError(f"policy port takes '{wire.STEP}', not '{msg.type}'")
-        n = messages.check(msg, messages.spec(wire.STEP), self.step_check)["n"]
+        n = messages.check(msg, self.step_spec, self.step_check)["n"]
         key = b"".join(bytes(f) for f in envelope)
         if key in self.pending_keys:
             raise wire.ProtocolError("a step is already outstanding on this connection "
@@ -124,8 +127,9 @@ class InferenceBroker(Node):
         truncated = msg.arrays.get("truncated")
         if truncated is None:
             truncated = np.zeros(n, np.bool_)
+        final_obs = msg.arrays.get("final_obs")
         behaviour.outcome(msg["reward"], msg["done"], truncated,
-                          msg.arrays.get("final_obs", self._no_final_obs()))
+                          self.no_final_obs if final_obs is None else final_obs)
         behaviour.observe(msg["obs"], msg.fields)
         if "ep_return" in msg.arrays:
             # For the learner's metrics and the run's return (the supervisor's), whoever
@@ -143,9 +147,6 @@ class InferenceBroker(Node):
         """Each connection explores with its own random stream."""
         seed = self.ctx.topo.seed + len(self.behaviours) + 1
         return ActingSetup(self.spec, self.model, self.cfg, self.args.epsilon, seed)
-
-    def _no_final_obs(self) -> np.ndarray:
-        return np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
 
     def on_params(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.PARAMS:

@@ -44,7 +44,12 @@ import torch
 from torch import nn
 
 from zmqrl.envs import EnvSpec
-from zmqrl.models.feedforward import discrete_actions, dueling_q, init_dueling
+from zmqrl.models.feedforward import (
+    discrete_actions,
+    dueling_q,
+    init_dueling,
+    sample_categorical,
+)
 from zmqrl.models.recurrent import LSTMActorCritic, LSTMQNetwork
 
 NATURE_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
@@ -182,7 +187,7 @@ class ConvActorCritic(nn.Module):
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Sampled actions int64 [N] and their log-probabilities [N]."""
         logp_all = torch.log_softmax(self.policy(self.torso(obs)), dim=-1)
-        action = torch.multinomial(logp_all.exp(), 1)  # torch.distributions: ~30 us slower
+        action = sample_categorical(logp_all)  # torch.distributions: ~30 us slower
         return action.squeeze(-1), logp_all.gather(-1, action).squeeze(-1)
 
     @torch.inference_mode()

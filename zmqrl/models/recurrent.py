@@ -23,6 +23,7 @@ from zmqrl.models.feedforward import (
     dueling_q,
     init_dueling,
     relu_torso,
+    sample_categorical,
 )
 
 State = tuple[torch.Tensor, torch.Tensor]
@@ -212,7 +213,7 @@ class LSTMActorCritic(nn.Module):
         if self.discrete:
             # Direct sampling: torch.distributions costs ~30 us of argument checks per call.
             logp_all = torch.log_softmax(head, dim=-1)
-            action = torch.multinomial(logp_all.exp(), 1)
+            action = sample_categorical(logp_all)
             return action.squeeze(-1), logp_all.gather(-1, action).squeeze(-1).float(), state
         u = head + torch.exp(self.log_std) * torch.randn_like(head)
         logp, _ = self._logp_entropy(head, u)
