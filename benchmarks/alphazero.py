@@ -2,7 +2,7 @@
 
     python benchmarks/alphazero.py throughput [--game connect_four] [--seconds 30]
     python benchmarks/alphazero.py tictactoe [--budget 1800] [--every 120]
-    python benchmarks/alphazero.py connect4 [--budget 3600] [--games 20]
+    python benchmarks/alphazero.py connect4 [--budget 3600] [--every 900] [--games 20]
 
 ``throughput``: MCTS simulations per second, one run: (1) this process, the search
 evaluating its leaves with the network one at a time (what a search that does not batch
@@ -21,8 +21,10 @@ search and of the network, and the time at which the search first lost none. An
 evaluation takes CPU from the training beside it (a few seconds each).
 
 ``connect4``: trains topologies/alphazero.yaml as it is (connect four) for ``--budget``
-seconds, then plays ``--games`` games (half in each seat) against OpenSpiel's MCTS bot
-with ``--bot-simulations`` random-rollout simulations a move.
+seconds, keeping a copy of the learner's checkpoint every ``--every`` seconds; after the
+training (so that playing takes no CPU from it) each copy plays ``--games`` games (half in
+each seat) against OpenSpiel's MCTS bot with ``--bot-simulations`` random-rollout
+simulations a move.
 
 Every line says the machine's load average: on a shared machine that is what makes
 figures comparable.
@@ -212,8 +214,9 @@ def versus(game: Game, model: torch.nn.Module, params: SearchParams, games: int,
 
 
 def connect4(args: argparse.Namespace) -> None:
-    """Train topologies/alphazero.yaml as it is for ``--budget`` seconds, then play
-    ``--games`` games against OpenSpiel's MCTS bot with random rollouts."""
+    """Train topologies/alphazero.yaml as it is for ``--budget`` seconds, copying the
+    checkpoint every ``--every`` seconds; then each copy plays ``--games`` games against
+    OpenSpiel's MCTS bot with random rollouts."""
     from open_spiel.python.algorithms import mcts as spiel_mcts
 
     torch.set_num_threads(1)
@@ -222,28 +225,44 @@ def connect4(args: argparse.Namespace) -> None:
     game = Game("connect_four")
     params = SearchParams.of(algo_config.parse(raw["algo"]), dirichlet_fraction=0.0)
     model = build_model(raw["model"], env_spec(raw["env"]), seed=0).eval()
-    bot = spiel_mcts.MCTSBot(game.game, 2.0, args.bot_simulations,
-                             spiel_mcts.RandomRolloutEvaluator(1, np.random.RandomState(0)),
-                             random_state=np.random.RandomState(1), solve=True)
-
-    def opponent(state: Any, _rng: np.random.Generator) -> int:
-        return int(bot.step(state))
 
     with tempfile.TemporaryDirectory(prefix="zmqrl-az-c4-") as tmp:
         run_dir = Path(tmp) / "run"
         start = time.monotonic()
-        up(raw, run_dir, args.budget).wait()
-        wall = time.monotonic() - start
-        state = torch.load(run_dir / "checkpoints" / "learner.pt", map_location="cpu",
-                           weights_only=True)
-    model.load_state_dict(state["model"])
-    t0 = time.monotonic()
-    result = versus(game, model, params, args.games, True, opponent)
-    print(f"connect four, trained {wall:.0f} s ({state['updates']} updates), search "
-          f"{params.num_simulations} simulations a move, vs OpenSpiel MCTS bot with "
-          f"{args.bot_simulations} random-rollout simulations, {args.games} games (half in "
-          f"each seat): W/D/L {'/'.join(map(str, result))} "
-          f"({time.monotonic() - t0:.0f} s to play; {load()})")
+        proc = up(raw, run_dir, args.budget)
+        checkpoint = run_dir / "checkpoints" / "learner.pt"
+        copies: list[tuple[float, dict]] = []
+
+        def keep() -> None:
+            if checkpoint.exists():
+                copies.append((time.monotonic() - start, torch.load(
+                    checkpoint, map_location="cpu", weights_only=True)))
+
+        for mark in np.arange(args.every, args.budget, args.every):
+            try:
+                proc.wait(max(0.0, start + mark - time.monotonic()))
+                break  # the run ended before this mark
+            except subprocess.TimeoutExpired:
+                keep()
+        proc.wait()
+        keep()
+    print(f"connect four: search {params.num_simulations} simulations a move, against "
+          f"OpenSpiel's MCTS bot with {args.bot_simulations} random-rollout simulations, "
+          f"{args.games} games per checkpoint (half in each seat)")
+    for at, state in copies:
+        bot = spiel_mcts.MCTSBot(game.game, 2.0, args.bot_simulations,
+                                 spiel_mcts.RandomRolloutEvaluator(1, np.random.RandomState(0)),
+                                 random_state=np.random.RandomState(1), solve=True)
+
+        def opponent(state: Any, _rng: np.random.Generator, bot: Any = bot) -> int:
+            return int(bot.step(state))
+
+        model.load_state_dict(state["model"])
+        t0 = time.monotonic()
+        won, drawn, lost = versus(game, model, params, args.games, True, opponent)
+        print(f"trained {at:5.0f} s, {state['updates']:6d} updates: W/D/L {won}/{drawn}/{lost}"
+              f" (win rate {won / args.games:.2f}; {time.monotonic() - t0:.0f} s to play; "
+              f"{load()})", flush=True)
 
 
 def tictactoe(args: argparse.Namespace) -> None:
@@ -320,6 +339,7 @@ def main() -> None:
     f = sub.add_parser("connect4")
     f.add_argument("--budget", type=float, default=3600.0)
     f.add_argument("--games", type=int, default=20)
+    f.add_argument("--every", type=float, default=900.0, help="seconds between checkpoints kept")
     f.add_argument("--bot-simulations", type=int, default=1000)
     f.set_defaults(run=connect4)
     args = parser.parse_args()

@@ -7,7 +7,8 @@ Per seed, two runs of `zmqrl up T --max-steps N --set seed=S` (N: env steps of a
 members together, so both arms see the same): one with PBT as the topology says, one
 with `population.ready_after_steps` beyond N (the same members, the same draws, no
 ready point: no exploit). Each run reports the best member's mean return over its last
-100 and 20 episodes (from the learners' last metrics rows), the exploits made, the wall
+100 and 20 episodes (from the learners' last metrics rows), the median over the members
+of that return (PBT's exploits lift the weak members first), the exploits made, the wall
 time (process start-up included) and the machine's mean load average over the run
 (sampled every 5 s; on a shared machine it says how comparable runs are).
 """
@@ -18,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +65,8 @@ def run(topology: str, seed: int, max_steps: int, pbt: bool, overrides: list[str
             "load": round(sum(loads) / max(len(loads), 1), 1), "exploits": exploits,
             "best_return_100": best.get("return_mean_100"),
             "best_return_20": best.get("return_mean_20"), "best_lr": best.get("hp_lr"),
+            "median_return_100": statistics.median(m["return_mean_100"] for m in members.values())
+            if members else None,
             "env_steps": sum(m["env_steps"] for m in members.values())}
 
 
@@ -73,14 +77,15 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=200_000)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
-    print("| seed | PBT | best return(100) | best return(20) | its lr | exploits | env steps "
-          "| wall s | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| seed | PBT | best return(100) | best return(20) | its lr | members' median "
+          "return(100) | exploits | env steps | wall s | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for seed in args.seeds:
         for pbt in (True, False):
             r = run(args.topology, seed, args.max_steps, pbt, args.overrides)
             print(f"| {seed} | {'yes' if pbt else 'no'} | {r['best_return_100']} | "
-                  f"{r['best_return_20']} | {r['best_lr'] or 0:.2e} | {r['exploits']} | "
+                  f"{r['best_return_20']} | {r['best_lr'] or 0:.2e} | {r['median_return_100']} | "
+                  f"{r['exploits']} | "
                   f"{r['env_steps']:,.0f} | {r['wall_s']} | {r['load']} |", flush=True)
             print(json.dumps(r), file=sys.stderr, flush=True)
 
