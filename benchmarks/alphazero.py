@@ -3,6 +3,7 @@
     python benchmarks/alphazero.py throughput [--game connect_four] [--seconds 30]
     python benchmarks/alphazero.py tictactoe [--budget 1800] [--every 120]
     python benchmarks/alphazero.py connect4 [--budget 3600] [--every 900] [--games 20]
+        [--eval-simulations 100 400]
 
 ``throughput``: MCTS simulations per second, one run: (1) this process, the search
 evaluating its leaves with the network one at a time (what a search that does not batch
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -246,23 +248,27 @@ def connect4(args: argparse.Namespace) -> None:
                 keep()
         proc.wait()
         keep()
-    print(f"connect four: search {params.num_simulations} simulations a move, against "
+    print(f"connect four: trained with {params.num_simulations} simulations a move; against "
           f"OpenSpiel's MCTS bot with {args.bot_simulations} random-rollout simulations, "
           f"{args.games} games per checkpoint (half in each seat)")
     for at, state in copies:
-        bot = spiel_mcts.MCTSBot(game.game, 2.0, args.bot_simulations,
-                                 spiel_mcts.RandomRolloutEvaluator(1, np.random.RandomState(0)),
-                                 random_state=np.random.RandomState(1), solve=True)
-
-        def opponent(state: Any, _rng: np.random.Generator, bot: Any = bot) -> int:
-            return int(bot.step(state))
-
         model.load_state_dict(state["model"])
-        t0 = time.monotonic()
-        won, drawn, lost = versus(game, model, params, args.games, True, opponent)
-        print(f"trained {at:5.0f} s, {state['updates']:6d} updates: W/D/L {won}/{drawn}/{lost}"
-              f" (win rate {won / args.games:.2f}; {time.monotonic() - t0:.0f} s to play; "
-              f"{load()})", flush=True)
+        for simulations in args.eval_simulations or [params.num_simulations]:
+            bot = spiel_mcts.MCTSBot(
+                game.game, 2.0, args.bot_simulations,
+                spiel_mcts.RandomRolloutEvaluator(1, np.random.RandomState(0)),
+                random_state=np.random.RandomState(1), solve=True)
+
+            def opponent(state: Any, _rng: np.random.Generator, bot: Any = bot) -> int:
+                return int(bot.step(state))
+
+            t0 = time.monotonic()
+            won, drawn, lost = versus(game, model, replace(params, num_simulations=simulations),
+                                      args.games, True, opponent)
+            print(f"trained {at:5.0f} s, {state['updates']:6d} updates, searching "
+                  f"{simulations} simulations: W/D/L {won}/{drawn}/{lost} (win rate "
+                  f"{won / args.games:.2f}; {time.monotonic() - t0:.0f} s to play; {load()})",
+                  flush=True)
 
 
 def tictactoe(args: argparse.Namespace) -> None:
@@ -340,6 +346,8 @@ def main() -> None:
     f.add_argument("--budget", type=float, default=3600.0)
     f.add_argument("--games", type=int, default=20)
     f.add_argument("--every", type=float, default=900.0, help="seconds between checkpoints kept")
+    f.add_argument("--eval-simulations", type=int, nargs="+", default=None,
+                   help="the search's simulations a move when playing (default: as trained)")
     f.add_argument("--bot-simulations", type=int, default=1000)
     f.set_defaults(run=connect4)
     args = parser.parse_args()
