@@ -65,8 +65,8 @@ def run(topology: str, seed: int, max_steps: int, pbt: bool, overrides: list[str
             "load": round(sum(loads) / max(len(loads), 1), 1), "exploits": exploits,
             "best_return_100": best.get("return_mean_100"),
             "best_return_20": best.get("return_mean_20"), "best_lr": best.get("hp_lr"),
-            "median_return_100": statistics.median(m["return_mean_100"] for m in members.values())
-            if members else None,
+            "median_return_100": round(statistics.median(
+                m["return_mean_100"] for m in members.values()), 1) if members else None,
             "env_steps": sum(m["env_steps"] for m in members.values())}
 
 
