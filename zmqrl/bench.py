@@ -6,8 +6,11 @@
    broker batching their requests and assembling unrolls, and a sink in the learner's
    place (so learning does not compete for the two cores; ``--with-learner`` keeps it).
 
-Reported: both rates, their ratio, the broker's batch size (envs per forward pass) and
-the actors' request round-trip latency p50/p99.
+Reported: both rates, their ratio, the broker's batch size (envs per forward pass), the
+actors' request round-trip latency p50/p99, and where the time goes: the limit's split
+between stepping envs and the model, and the CPU each node of the topology spends per env
+step (from the ``cpu_cores`` column of its metrics). A node at ~1 core is the bottleneck;
+one well below waits for its peers.
 """
 
 from __future__ import annotations
@@ -31,22 +34,28 @@ from zmqrl.topology import load
 WARMUP_S = 3.0  # process start-up and first connections are not steady state
 
 
-def no_network_limit(topo: Any, num_envs: int, seconds: float) -> float:
-    """Env steps/s of one process stepping ``num_envs`` envs and the model on the batch."""
+def no_network_limit(topo: Any, num_envs: int, seconds: float) -> dict[str, float]:
+    """Env steps/s of one process stepping ``num_envs`` envs and the model on the batch,
+    and its time per env step in each (us)."""
     torch.set_num_threads(1)
     spec = env_spec(topo.env)
     model = build_model(topo.model, spec, topo.seed)
     env = make_vector_env(topo.env, num_envs, topo.seed)
     obs, _ = env.reset(seed=topo.seed)
-    steps, start = 0, time.perf_counter()
+    steps, model_s, start = 0, 0.0, time.perf_counter()
     deadline = start + seconds
-    while time.perf_counter() < deadline:
+    now = start
+    while now < deadline:
         action, _ = model.act(torch.from_numpy(obs))  # the env's dtype: the model converts
+        acted = time.perf_counter()
         obs, *_ = env.step(action.numpy())
+        model_s += acted - now
+        now = time.perf_counter()
         steps += num_envs
-    elapsed = time.perf_counter() - start
+    elapsed = now - start
     env.close()
-    return steps / elapsed
+    return {"steps_per_s": steps / elapsed, "model_us": model_s / steps * 1e6,
+            "env_us": (elapsed - model_s) / steps * 1e6}
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -75,6 +84,8 @@ def topology_rate(topology_path: str, actors: int, envs: int, seconds: float,
         rate = ((int(last["env_steps"]) - int(first["env_steps"]))
                 / (float(last["time_s"]) - float(first["time_s"])))
         actor_rows = [_rows(p)[-1] for p in sorted((run_dir / "metrics").glob("actor*.csv"))]
+        cpu = {path.stem: _steady_cpu_cores(_rows(path))
+               for path in sorted((run_dir / "metrics").glob("*.csv")) if path.stem != "run"}
         return {
             "steps_per_s": rate,
             "batch_envs_mean": statistics.mean(float(r["batch_envs_mean"]) for r in broker),
@@ -82,7 +93,16 @@ def topology_rate(topology_path: str, actors: int, envs: int, seconds: float,
                                                       for r in actor_rows), 3),
             "latency_p99_ms": round(statistics.median(float(r["latency_p99_ms"])
                                                       for r in actor_rows), 3),
+            "cpu_cores": {label: cores for label, cores in cpu.items() if cores is not None},
         }
+
+
+def _steady_cpu_cores(rows: list[dict[str, str]]) -> float | None:
+    """A node's mean CPU use (cores) over its rows after the warm-up, but its last (the
+    row written while stopping)."""
+    steady = [float(r["cpu_cores"]) for r in rows[:-1]
+              if float(r["time_s"]) >= WARMUP_S and r.get("cpu_cores")]
+    return round(statistics.mean(steady), 3) if steady else None
 
 
 def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
@@ -95,19 +115,31 @@ def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
     console.print(f"topology: {actors} actors x {envs} envs in {lanes} lane(s), "
                   f"{'learner' if with_learner else 'sink'} ...")
     result = topology_rate(topology_path, actors, envs, seconds, with_learner, lanes)
+    rate = result["steps_per_s"]
     report = {"env": topo.env["id"], "actors": actors, "envs_per_actor": envs, "lanes": lanes,
-              "with_learner": with_learner, "limit_steps_per_s": round(limit),
-              "topology_steps_per_s": round(result["steps_per_s"]),
-              "ratio": round(result["steps_per_s"] / limit, 3),
+              "with_learner": with_learner, "limit_steps_per_s": round(limit["steps_per_s"]),
+              "topology_steps_per_s": round(rate),
+              "ratio": round(rate / limit["steps_per_s"], 3),
               "batch_envs_mean": round(result["batch_envs_mean"], 1),
               "latency_p50_ms": result["latency_p50_ms"],
-              "latency_p99_ms": result["latency_p99_ms"]}
+              "latency_p99_ms": result["latency_p99_ms"],
+              "limit_us_per_step": {"env": round(limit["env_us"], 2),
+                                    "model": round(limit["model_us"], 2)},
+              "cpu_cores": result["cpu_cores"],
+              "cpu_us_per_step": {label: round(cores / rate * 1e6, 2)
+                                  for label, cores in result["cpu_cores"].items()}}
     console.print(
         f"limit {report['limit_steps_per_s']:,} steps/s | topology "
         f"{report['topology_steps_per_s']:,} steps/s | ratio {report['ratio']:.2f} | "
         f"batch {report['batch_envs_mean']} envs | request latency p50 "
         f"{report['latency_p50_ms']} ms, p99 {report['latency_p99_ms']} ms"
     )
+    split = report["limit_us_per_step"]
+    console.print(
+        f"CPU per env step: limit {split['env'] + split['model']:.1f} us (env {split['env']}"
+        f" + model {split['model']}) | " + " | ".join(
+            f"{label} {us} us ({report['cpu_cores'][label]:.2f} cores)"
+            for label, us in report["cpu_us_per_step"].items()))
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -270,7 +270,7 @@ MESSAGES: tuple[MessageSpec, ...] = (
         fields=(_LABEL,
                 Field("row", "map", rule="row",
                       doc="the row appended to `metrics/<label>.csv` (always `time_s`, "
-                          "`bad_messages`, `dropped`)"),
+                          "`bad_messages`, `dropped`, `cpu_cores`)"),
                 Field("episodes", "list", rule="numbers",
                       doc="returns of the episodes that finished since the last report"))),
     MessageSpec(wire.PING, "Liveness request; any ROUTER port answers `pong`.",

@@ -307,6 +307,7 @@ class Node:
                                   str(ctx.topo.env.get("id", "")))
         self._last_traffic: dict[str, list[int]] = {}
         self._last_metrics_t = self.started
+        self._last_cpu_s = time.process_time()
         self.heartbeat_s = float(ctx.topo.network.get("heartbeat_s", HEARTBEAT_S))
         self.peer_timeout_s = float(ctx.topo.network.get("peer_timeout_s", PEER_TIMEOUT_S))
         self._heard: dict[str, float] = {}  # DEALER socket -> when its peer last spoke
@@ -714,6 +715,11 @@ class Node:
             self._last_traffic[name] = list(stats)
         row["bad_messages"] = self.bad_messages
         row["dropped"] = self.dropped
+        # CPU of the whole process (ZeroMQ's I/O thread included) per second of wall
+        # time: 1.0 is a busy core; a node well under it waits for its peers.
+        cpu_s = time.process_time()
+        row["cpu_cores"] = round((cpu_s - self._last_cpu_s) / dt, 3)
+        self._last_cpu_s = cpu_s
         if self._heard:
             row["silent_peers"] = self.silent_peers
         if self._auth is not None:

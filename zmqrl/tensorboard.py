@@ -18,7 +18,8 @@ Tags are named the way RL users know them (CleanRL's ``charts/`` and ``losses/``
 ``broker/*``           an inference broker's batch size, latency, pauses, actors
 ``replay/*``           a replay's size, fill, insert/sample rates, waits
 ``learner/*``          a learner's bookkeeping (queue, batches waiting, reconnects)
-``node/*``             health: bad messages, dropped, silent peers, CURVE denials
+``node/*``             health: bad messages, dropped, silent peers, CURVE denials,
+                       CPU in use (cores)
 ``<kind>/*``           anything else a node reports, under its kind
 =====================  ===============================================================
 
@@ -62,7 +63,7 @@ CHARTS = {
     "param_version": "param_version",
     "lr": "learning_rate",
 }
-HEALTH = frozenset({"bad_messages", "dropped", "silent_peers", "auth_denied"})
+HEALTH = frozenset({"bad_messages", "dropped", "silent_peers", "auth_denied", "cpu_cores"})
 # Per-socket columns: "<socket>_<suffix>" (zmqrl.node writes them).
 EDGE_SUFFIXES = ("in_msgs_per_s", "out_msgs_per_s", "msgs_per_s", "bytes_per_s", "queue",
                  "sent", "recounts")
