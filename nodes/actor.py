@@ -18,6 +18,7 @@ recorded is the policy's own sample (see ``zmqrl.envs.env_action``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,8 @@ class Actor(Node):
         self.seed = self.ctx.topo.seed + 10_000 * (self.ctx.replica + 1)
         self.spec = env_spec(self.ctx.topo.env)
         self.env_steps = 0
+        self.env_seconds = 0.0  # inside the envs' step (for env_cores)
+        self._env_seconds_at = (0.0, time.monotonic())  # at the last metrics row
         self.version = 0
         self.returns = EpisodeStats(window=100)
         self.reports_returns = True
@@ -114,7 +117,9 @@ class Actor(Node):
                  action: np.ndarray) -> tuple[np.ndarray, ...]:
         """Step ``env``: (obs, reward, terminated, truncated, info, returns, lengths),
         rewards scaled if asked, finished episodes counted and reported."""
+        started = time.perf_counter()
         obs, reward, terminated, truncated, info = env.step(env_action(action, self.spec))
+        self.env_seconds += time.perf_counter() - started
         self.env_steps += len(action)
         reward = reward.astype(np.float32, copy=False)
         returns, lengths = episodes.step(reward, terminated | truncated)
@@ -162,10 +167,15 @@ class Actor(Node):
             env.close()
 
     def metrics(self) -> dict[str, Any]:
+        # Seconds inside the envs' step per second: the share of cpu_cores that stepping
+        # the envs takes (the rest is acting, messaging, and the I/O thread).
+        (seconds, at), now = self._env_seconds_at, time.monotonic()
+        env_cores = (self.env_seconds - seconds) / max(now - at, 1e-9)
+        self._env_seconds_at = (self.env_seconds, now)
         return {"env_steps": self.env_steps, "param_version": self.version,
                 "episodes": self.returns.count,
                 "return_mean_100": round(self.returns.mean_return(), 2),
-                **self.driver.metrics()}
+                "env_cores": round(env_cores, 3), **self.driver.metrics()}
 
 
 def _remote(actor: Actor) -> Any:

@@ -18,6 +18,7 @@ def test_bench_reports_rates_and_each_nodes_cpu_per_env_step(processes, tmp_path
     assert proc.wait(timeout=120) == 0, log.read_text()
     report = json.loads(out.read_text())
     assert report["limit_steps_per_s"] > 0 and report["topology_steps_per_s"] > 0
+    assert len(report["limit_before_after"]) == 2 and min(report["limit_before_after"]) > 0
     split = report["limit_us_per_step"]
     assert split["env"] > 0 and split["model"] > 0
     # every node of the topology (one actor, the broker, the sink in the learner's place)
@@ -28,6 +29,8 @@ def test_bench_reports_rates_and_each_nodes_cpu_per_env_step(processes, tmp_path
     for label, cores in report["cpu_cores"].items():
         us = report["cpu_us_per_step"][label]
         assert abs(us - cores / report["topology_steps_per_s"] * 1e6) < 0.01 + 0.01 * us
+    # the actor's time inside the envs' step: a share of its wall time (one thread steps)
+    assert report["env_us_per_step"]["actor"] > 0 and 0 < report["env_cores"]["actor"] <= 1.05
     printed = log.read_text()
     assert "CPU per env step: limit" in printed and "broker" in printed
 

@@ -2,6 +2,9 @@
 
 1. The limit: one process steps ``actors * envs`` environments in one gymnasium vector
    env and runs the same model on the whole batch every step. No sockets, no copies.
+   It is measured before the topology and again after it, and the ratio is taken to
+   their mean: this machine's speed drifts by tens of percent over a minute, and a
+   drift during the run then cancels instead of landing in the ratio.
 2. The topology: the same envs split over ``actors`` actor processes, one inference
    broker batching their requests and assembling unrolls, and a sink in the learner's
    place (so learning does not compete for the two cores; ``--with-learner`` keeps it).
@@ -84,8 +87,10 @@ def topology_rate(topology_path: str, actors: int, envs: int, seconds: float,
         rate = ((int(last["env_steps"]) - int(first["env_steps"]))
                 / (float(last["time_s"]) - float(first["time_s"])))
         actor_rows = [_rows(p)[-1] for p in sorted((run_dir / "metrics").glob("actor*.csv"))]
-        cpu = {path.stem: _steady_cpu_cores(_rows(path))
+        cpu = {path.stem: _steady_mean(_rows(path), "cpu_cores")
                for path in sorted((run_dir / "metrics").glob("*.csv")) if path.stem != "run"}
+        env = {path.stem: _steady_mean(_rows(path), "env_cores")
+               for path in sorted((run_dir / "metrics").glob("actor*.csv"))}
         return {
             "steps_per_s": rate,
             "batch_envs_mean": statistics.mean(float(r["batch_envs_mean"]) for r in broker),
@@ -94,14 +99,15 @@ def topology_rate(topology_path: str, actors: int, envs: int, seconds: float,
             "latency_p99_ms": round(statistics.median(float(r["latency_p99_ms"])
                                                       for r in actor_rows), 3),
             "cpu_cores": {label: cores for label, cores in cpu.items() if cores is not None},
+            "env_cores": {label: cores for label, cores in env.items() if cores is not None},
         }
 
 
-def _steady_cpu_cores(rows: list[dict[str, str]]) -> float | None:
-    """A node's mean CPU use (cores) over its rows after the warm-up, but its last (the
+def _steady_mean(rows: list[dict[str, str]], column: str) -> float | None:
+    """A node's mean of ``column`` over its rows after the warm-up, but its last (the
     row written while stopping)."""
-    steady = [float(r["cpu_cores"]) for r in rows[:-1]
-              if float(r["time_s"]) >= WARMUP_S and r.get("cpu_cores")]
+    steady = [float(r[column]) for r in rows[:-1]
+              if float(r["time_s"]) >= WARMUP_S and r.get(column)]
     return round(statistics.mean(steady), 3) if steady else None
 
 
@@ -111,13 +117,17 @@ def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
     topo = load(topology_path)
     console = Console(highlight=False)
     console.print(f"no-network limit: 1 process, {actors * envs} envs, {seconds:g}s ...")
-    limit = no_network_limit(topo, actors * envs, seconds)
+    before = no_network_limit(topo, actors * envs, seconds)
     console.print(f"topology: {actors} actors x {envs} envs in {lanes} lane(s), "
                   f"{'learner' if with_learner else 'sink'} ...")
     result = topology_rate(topology_path, actors, envs, seconds, with_learner, lanes)
+    console.print("no-network limit again ...")
+    after = no_network_limit(topo, actors * envs, seconds)
+    limit = {key: (before[key] + after[key]) / 2 for key in before}
     rate = result["steps_per_s"]
     report = {"env": topo.env["id"], "actors": actors, "envs_per_actor": envs, "lanes": lanes,
               "with_learner": with_learner, "limit_steps_per_s": round(limit["steps_per_s"]),
+              "limit_before_after": [round(before["steps_per_s"]), round(after["steps_per_s"])],
               "topology_steps_per_s": round(rate),
               "ratio": round(rate / limit["steps_per_s"], 3),
               "batch_envs_mean": round(result["batch_envs_mean"], 1),
@@ -127,9 +137,12 @@ def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
                                     "model": round(limit["model_us"], 2)},
               "cpu_cores": result["cpu_cores"],
               "cpu_us_per_step": {label: round(cores / rate * 1e6, 2)
-                                  for label, cores in result["cpu_cores"].items()}}
+                                  for label, cores in result["cpu_cores"].items()},
+              "env_us_per_step": {label: round(cores / rate * 1e6, 2)
+                                  for label, cores in result["env_cores"].items()}}
     console.print(
-        f"limit {report['limit_steps_per_s']:,} steps/s | topology "
+        f"limit {report['limit_steps_per_s']:,} steps/s (before {before['steps_per_s']:,.0f},"
+        f" after {after['steps_per_s']:,.0f}) | topology "
         f"{report['topology_steps_per_s']:,} steps/s | ratio {report['ratio']:.2f} | "
         f"batch {report['batch_envs_mean']} envs | request latency p50 "
         f"{report['latency_p50_ms']} ms, p99 {report['latency_p99_ms']} ms"
@@ -138,7 +151,9 @@ def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
     console.print(
         f"CPU per env step: limit {split['env'] + split['model']:.1f} us (env {split['env']}"
         f" + model {split['model']}) | " + " | ".join(
-            f"{label} {us} us ({report['cpu_cores'][label]:.2f} cores)"
+            f"{label} {us} us" + (f" (env {report['env_us_per_step'][label]})"
+                                  if label in report["env_us_per_step"] else "")
+            + f" at {report['cpu_cores'][label]:.2f} cores"
             for label, us in report["cpu_us_per_step"].items()))
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
