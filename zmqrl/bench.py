@@ -136,6 +136,7 @@ def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
               "limit_us_per_step": {"env": round(limit["env_us"], 2),
                                     "model": round(limit["model_us"], 2)},
               "cpu_cores": result["cpu_cores"],
+              "env_cores": result["env_cores"],
               "cpu_us_per_step": {label: round(cores / rate * 1e6, 2)
                                   for label, cores in result["cpu_cores"].items()},
               "env_us_per_step": {label: round(cores / rate * 1e6, 2)
