@@ -693,7 +693,7 @@ class Node:
             pass  # the supervisor is slow or gone; liveness is its problem, not ours
 
     def _emit_metrics(self) -> None:
-        now = time.monotonic()
+        now, cpu_s = time.monotonic(), time.process_time()
         dt = max(now - self._last_metrics_t, 1e-9)
         row: dict[str, Any] = {"time_s": round(now - self.started, 3)}
         row.update(self.metrics())
@@ -716,8 +716,8 @@ class Node:
         row["bad_messages"] = self.bad_messages
         row["dropped"] = self.dropped
         # CPU of the whole process (ZeroMQ's I/O thread included) per second of wall
-        # time: 1.0 is a busy core; a node well under it waits for its peers.
-        cpu_s = time.process_time()
+        # time, both taken at the start of this report and the last: 1.0 is a busy core;
+        # a node well under it waits for its peers.
         row["cpu_cores"] = round((cpu_s - self._last_cpu_s) / dt, 3)
         self._last_cpu_s = cpu_s
         if self._heard:
