@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from zmqrl import lifetime
+
 from conftest import read_csv, stop_process, wait_for, write_topology
 
 SMALL = {"nodes": {"actor": {"replicas": 2, "args": {"envs": 4}}}}
@@ -130,6 +132,35 @@ def test_a_node_exit_takes_its_process_group_with_it(processes, tmp_path):
     second = int(pid_file.read_text())
     assert second != first and not alive(second)
     assert pids_in(run_dir) == []
+
+
+def test_end_group_returns_once_no_process_of_the_group_runs():
+    """What the supervisor calls after a node's exit: on return the group is gone, with no
+    delay left to chance (SIGKILL is delivered asynchronously)."""
+    leader = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 300 & sleep 300 & wait"],
+                              start_new_session=True)
+    try:
+        members = wait_for(lambda: [p for p in _group_members(leader.pid) if p != leader.pid]
+                           if len(_group_members(leader.pid)) == 3 else None, 10,
+                           "both sleeps to start")
+        assert lifetime.end_group(leader.pid, timeout_s=10)
+        assert not any(alive(pid) for pid in [leader.pid, *members])
+        assert lifetime.end_group(leader.pid)  # an empty group is gone at once
+    finally:
+        lifetime.signal_group(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+def _group_members(pgid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_sigterm_to_the_watchdog_stops_its_node(processes, tmp_path):

@@ -342,7 +342,7 @@ class Supervisor:
                                        f"{now - proc.last_heartbeat:.0f}s", markup=False)
                 continue
             # A node's exit ends its whole process group (a simulator it forked, workers).
-            _signal_group(proc.popen, signal.SIGKILL)
+            lifetime.end_group(proc.popen.pid)
             proc.popen = None
             self._on_exit(proc, code, now)
 
@@ -374,7 +374,7 @@ class Supervisor:
     def _shutdown(self) -> None:
         live = [p for p in self.procs if p.popen is not None and p.popen.poll() is None]
         for proc in live:
-            _signal_group(proc.popen, signal.SIGTERM)
+            lifetime.signal_group(proc.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in live:
             try:
@@ -384,7 +384,7 @@ class Supervisor:
                                    markup=False)
         for proc in self.procs:
             if proc.popen is not None:
-                _signal_group(proc.popen, signal.SIGKILL)  # the group: grandchildren too
+                lifetime.end_group(proc.popen.pid)  # the group: grandchildren too
                 proc.popen.wait()
             for pump in proc.pumps:
                 pump.join(timeout=1.0)  # EOF follows the child's exit
@@ -392,9 +392,3 @@ class Supervisor:
                 proc.log_file.close()
         self._close_socket()
 
-
-def _signal_group(popen: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(popen.pid, sig)
-    except ProcessLookupError:
-        pass

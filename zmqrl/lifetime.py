@@ -22,6 +22,7 @@ import fcntl
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -62,6 +63,40 @@ def signal_group(pgid: int, sig: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def end_group(pgid: int, timeout_s: float = 2.0) -> bool:
+    """SIGKILL a whole process group and wait (up to ``timeout_s``) until none of its
+    processes still runs; True once the group is gone.
+
+    A node's exit ends its group before the node is restarted or reported gone: a
+    grandchild holding a port, a file or GPU memory must not overlap its successor.
+    SIGKILL is delivered asynchronously (a loaded machine may take a while to schedule the
+    dying process), hence the wait. Zombies count as gone: whoever reaps them (init, once
+    their parent died) is not ours to wait for."""
+    if not signal_group(pgid, signal.SIGKILL):
+        return True
+    deadline = time.monotonic() + timeout_s
+    while _group_runs(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies excluded; Linux reads
+    /proc, elsewhere any member counts)."""
+    if not sys.platform.startswith("linux"):
+        return signal_group(pgid, 0)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 class LockedError(Exception):

@@ -97,7 +97,7 @@ def watchdog(topo: Topology, name: str, replica: int, run_dir: Path,
         child = subprocess.Popen(child_command, stdin=subprocess.DEVNULL, env=env,
                                  start_new_session=True, preexec_fn=lifetime.child_preexec)
         code = _wait(child, stop_signal, parent, log)
-        lifetime.signal_group(child.pid, signal.SIGKILL)  # whatever is left of its group
+        lifetime.end_group(child.pid)  # whatever is left of its group
         if stop_signal:
             break
         delay = restarts.after_exit(code, time.monotonic() - started)

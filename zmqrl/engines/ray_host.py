@@ -260,7 +260,7 @@ class NodeHost:
     def _reap(self) -> None:
         """The node exited: end the rest of its group, collect the last lines."""
         assert self.popen is not None
-        lifetime.signal_group(self.popen.pid, signal.SIGKILL)
+        lifetime.end_group(self.popen.pid)
         if self._pump is not None:
             self._pump.join(2.0)  # EOF follows once the group is gone
         self.exit_reported = True
@@ -274,7 +274,7 @@ class NodeHost:
             deadline = time.monotonic() + grace_s
             while self.popen.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-            lifetime.signal_group(self.popen.pid, signal.SIGKILL)  # the rest of its group
+            lifetime.end_group(self.popen.pid)  # the rest of its group
             code = self.popen.wait()
             if self._pump is not None:
                 self._pump.join(2.0)
