@@ -3,7 +3,7 @@
     python benchmarks/alphazero.py throughput [--game connect_four] [--seconds 30]
     python benchmarks/alphazero.py tictactoe [--budget 1800] [--every 120]
     python benchmarks/alphazero.py connect4 [--budget 3600] [--every 900] [--games 20]
-        [--eval-simulations 100 400]
+        [--eval-simulations 100 400] [--set algo.mirror_games=true ...]
 
 ``throughput``: MCTS simulations per second, one run: (1) this process, the search
 evaluating its leaves with the network one at a time (what a search that does not batch
@@ -21,11 +21,11 @@ alone (the most likely legal move). Prints one row per evaluation: the losses of
 search and of the network, and the time at which the search first lost none. An
 evaluation takes CPU from the training beside it (a few seconds each).
 
-``connect4``: trains topologies/alphazero.yaml as it is (connect four) for ``--budget``
-seconds, keeping a copy of the learner's checkpoint every ``--every`` seconds; after the
-training (so that playing takes no CPU from it) each copy plays ``--games`` games (half in
-each seat) against OpenSpiel's MCTS bot with ``--bot-simulations`` random-rollout
-simulations a move.
+``connect4``: trains topologies/alphazero.yaml (connect four; ``--set`` overrides it as
+``zmqrl up --set`` does) for ``--budget`` seconds, keeping a copy of the learner's
+checkpoint every ``--every`` seconds; after the training (so that playing takes no CPU
+from it) each copy plays ``--games`` games (half in each seat) against OpenSpiel's MCTS
+bot with ``--bot-simulations`` random-rollout simulations a move.
 
 Every line says the machine's load average: on a shared machine that is what makes
 figures comparable.
@@ -221,9 +221,13 @@ def connect4(args: argparse.Namespace) -> None:
     OpenSpiel's MCTS bot with random rollouts."""
     from open_spiel.python.algorithms import mcts as spiel_mcts
 
+    from zmqrl.cli import _overrides
+    from zmqrl.topology import merge
+
     torch.set_num_threads(1)
-    raw = yaml.safe_load(TOPOLOGY.read_text())
+    raw = merge(yaml.safe_load(TOPOLOGY.read_text()), _overrides(tuple(args.set)))
     raw["nodes"]["learner"]["args"].update(checkpoint_every=50)
+    print(f"algo: {raw['algo']}; replay: {raw['nodes']['replay']['args']}", flush=True)
     game = Game("connect_four")
     params = SearchParams.of(algo_config.parse(raw["algo"]), dirichlet_fraction=0.0)
     model = build_model(raw["model"], env_spec(raw["env"]), seed=0).eval()
@@ -349,6 +353,8 @@ def main() -> None:
     f.add_argument("--eval-simulations", type=int, nargs="+", default=None,
                    help="the search's simulations a move when playing (default: as trained)")
     f.add_argument("--bot-simulations", type=int, default=1000)
+    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override the topology, as zmqrl up --set")
     f.set_defaults(run=connect4)
     args = parser.parse_args()
     args.run(args)

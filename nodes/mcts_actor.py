@@ -72,7 +72,7 @@ class MCTSActor(Node):
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
-        from zmqrl.games import game_name
+        from zmqrl.games import game_name, has_mirror
 
         args, where = spec.args, ("nodes", spec.name)
         errors = []
@@ -86,15 +86,20 @@ class MCTSActor(Node):
             errors.append(((*where, "links"), "policy: remote needs a 'policy' link (to an "
                                               "inference broker)"))
         try:
-            if topo.algo_config.family != SEARCH:
+            cfg = topo.algo_config
+            if cfg.family != SEARCH:
                 errors.append((("algo", "kind"), f"an mcts_actor searches with algo "
-                                                 f"'alphazero', not '{topo.algo_config.kind}'"))
+                                                 f"'alphazero', not '{cfg.kind}'"))
         except (TypeError, ValueError):
-            pass  # the algo section's own errors are reported with it
+            cfg = None  # the algo section's own errors are reported with it
         try:
-            game_name(topo.env)
+            game = game_name(topo.env)
         except ValueError as exc:
             errors.append((("env", "id"), str(exc)))
+        else:
+            if getattr(cfg, "mirror_games", False) and not has_mirror(game):
+                errors.append((("algo", "mirror_games"),
+                               f"{game} has no known mirror symmetry"))
         return errors
 
     def setup(self) -> None:

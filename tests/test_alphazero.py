@@ -74,6 +74,50 @@ def test_self_play_records_positions_visits_and_outcomes():
         assert r.returns[0] == -r.returns[1]
 
 
+def _play(game: Game, params: SearchParams, games: int = 8) -> list:
+    play, evaluate = SelfPlay(game, games, params, seed=3), uniform_for(game)
+    while play.games_played < games:
+        play.feed(*evaluate(play.leaves()))
+    return play.take_finished()
+
+
+def test_mirror_is_the_same_position_with_the_columns_reversed():
+    game = Game("connect_four")
+    obs = game.observation(game.state_from([0, 0, 1, 3]))
+    policy = np.arange(7, dtype=np.float32) / 21
+    m_obs, m_policy = game.mirror(obs[None], policy[None])
+    assert np.array_equal(m_obs[0], game.observation(game.state_from([6, 6, 5, 3])))
+    assert np.array_equal(m_policy[0], policy[::-1])
+    ttt = Game("tic_tac_toe")
+    # X in the top-left corner, O in the centre of the top row -> X top-right
+    m_obs, m_policy = ttt.mirror(ttt.observation(ttt.state_from([0, 1]))[None],
+                                 np.eye(9, dtype=np.float32)[[0, 5]])
+    assert np.array_equal(m_obs[0], ttt.observation(ttt.state_from([2, 1])))
+    assert m_policy[0].argmax() == 2 and m_policy[1].argmax() == 3
+
+
+def test_self_play_mirrors_games_and_mixes_the_root_value_into_the_target():
+    game = Game("tic_tac_toe")
+    plain = _play(game, SearchParams(num_simulations=8))
+    # the same games (the options change what is recorded, not the play)
+    mirrored = _play(game, SearchParams(num_simulations=8, mirror_games=True))
+    for r, m in zip(plain, mirrored, strict=True):
+        t = len(r.outcome)
+        assert len(m.outcome) == 2 * t and m.returns == r.returns
+        assert np.array_equal(m.obs[:t], r.obs) and np.array_equal(m.outcome[t:], r.outcome)
+        m_obs, m_policy = game.mirror(r.obs, r.policy)
+        assert np.array_equal(m.obs[t:], m_obs) and np.array_equal(m.policy[t:], m_policy)
+    root = _play(game, SearchParams(num_simulations=8, value_target_mix=1.0))
+    half = _play(game, SearchParams(num_simulations=8, value_target_mix=0.5))
+    z = np.concatenate([r.outcome for r in plain])
+    q = np.concatenate([r.outcome for r in root])
+    assert np.allclose(np.concatenate([r.outcome for r in half]), (z + q) / 2, atol=1e-6)
+    assert (np.abs(q) <= 1).all() and not np.array_equal(q, z)
+    # a position one move from the end: the mover's search sees its win or its loss
+    last = np.array([r.outcome[-1] for r in root])
+    assert (np.sign(last) == np.sign([r.outcome[-1] for r in plain])).mean() > 0.5
+
+
 def test_game_is_an_env_id():
     spec = env_spec({"id": TTT})
     assert (spec.obs_shape, spec.num_actions, spec.obs_dtype) == ((3, 3, 3), 9, np.float32)
@@ -158,6 +202,14 @@ def test_validate_checks_the_search_actor():
         from_dict(raw)
     text = str(err.value)
     assert "searches with algo 'alphazero'" in text and "not an OpenSpiel game" in text
+    raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
+    raw["algo"].update(mirror_games=True, value_target_mix=1.5)
+    raw["env"]["kwargs"] = {"game": "breakthrough"}
+    with pytest.raises(TopologyError) as err:
+        from_dict(raw)
+    text = str(err.value)
+    assert "breakthrough has no known mirror symmetry" in text
+    assert "'algo.value_target_mix': 1.5: must be in [0, 1]" in text
 
 
 def _topology(tmp_path, raw: dict) -> str:

@@ -218,6 +218,13 @@ class AlphaZeroConfig:
     # The first moves of each game are sampled in proportion to the root's visit counts
     # (temperature 1); later ones take the most visited move.
     temperature_moves: int = 4
+    # A position's value target: the game's outcome z for the player to move, or
+    # (1 - mix) z + mix q with q the search's value of the position (its root), which
+    # is less noisy than one game's result (what Oracle's connect-four AlphaZero found).
+    value_target_mix: float = 0.0
+    # Each finished game goes to the replay mirrored left-right as well (games whose
+    # rules are symmetric: tic-tac-toe, connect four), twice the positions per game.
+    mirror_games: bool = False
     batch_size: int = 128  # positions per update
     lr: float = 1e-3  # Adam
     value_cost: float = 1.0  # weight of the value MSE (the policy cross-entropy has 1)
@@ -235,6 +242,7 @@ class AlphaZeroConfig:
                  "dirichlet_alpha": (lambda x: x > 0, "must be > 0"),
                  "dirichlet_fraction": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
                  "temperature_moves": (lambda x: x >= 0, "must be >= 0"),
+                 "value_target_mix": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
                  "batch_size": (lambda x: x >= 1, "must be >= 1"),
                  "lr": (lambda x: x > 0, "must be > 0"),
                  "value_cost": (lambda x: x >= 0, "must be >= 0"),

@@ -43,6 +43,12 @@ _PLANES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "connect_four": ((0, 1, 2), (1, 0, 2)),
 }
 REGISTERED = tuple(_PLANES)
+# game -> the action each action becomes when the board is mirrored left-right (the
+# observation's last axis is the board's columns; the rules do not change).
+_MIRRORS: dict[str, tuple[int, ...]] = {
+    "tic_tac_toe": (2, 1, 0, 5, 4, 3, 8, 7, 6),
+    "connect_four": (6, 5, 4, 3, 2, 1, 0),
+}
 
 
 def env_id(game: str) -> str:
@@ -59,6 +65,11 @@ def game_name(env_cfg: dict[str, Any]) -> str:
         raise ValueError(f"env '{env}' is not an OpenSpiel game (one of "
                          f"{', '.join(env_id(g) for g in REGISTERED)})")
     return game
+
+
+def has_mirror(game: str) -> bool:
+    """Whether the game's left-right mirror image is known (:meth:`Game.mirror`)."""
+    return game in _MIRRORS
 
 
 def _pyspiel() -> Any:
@@ -131,6 +142,21 @@ class Game:
     def legal_mask(self, state: Any) -> np.ndarray:
         """bool [num_actions]: the moves the player to move may make."""
         return np.array(state.legal_actions_mask(), np.bool_)
+
+    @property
+    def mirrors(self) -> bool:
+        """Whether :meth:`mirror` knows this game."""
+        return has_mirror(self.name)
+
+    def mirror(self, obs: np.ndarray, policy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions [..., *obs_shape] and their move distributions [..., A] mirrored
+        left-right: as good a training position as the original (AlphaGo Zero trained on
+        the board's symmetries too)."""
+        if self.name not in _MIRRORS:
+            raise ValueError(f"{self.name}: no mirror symmetry known (games with one: "
+                             f"{', '.join(_MIRRORS)})")
+        return (np.ascontiguousarray(obs[..., ::-1]),
+                np.ascontiguousarray(policy[..., list(_MIRRORS[self.name])]))
 
 
 class GameEnv(gym.Env):

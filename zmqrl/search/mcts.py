@@ -44,13 +44,17 @@ Evaluator = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 @dataclass(frozen=True)
 class SearchParams:
-    """What the search needs of ``algo`` (``zmqrl.algo_config.AlphaZeroConfig``)."""
+    """What the search and self-play need of ``algo``
+    (``zmqrl.algo_config.AlphaZeroConfig``)."""
 
     num_simulations: int = 50
     c_puct: float = 1.5
     dirichlet_alpha: float = 1.0
     dirichlet_fraction: float = 0.25  # 0: no root noise (evaluation games)
     temperature_moves: int = 4
+    # a position's value target: (1 - mix) * the game's outcome + mix * the root's value
+    value_target_mix: float = 0.0
+    mirror_games: bool = False  # each finished game goes out mirrored too (Game.mirror)
 
     @classmethod
     def of(cls, cfg: Any, **overrides: Any) -> SearchParams:
@@ -64,8 +68,17 @@ class GameRecord:
 
     obs: np.ndarray  # [T, *obs] float32, each seen by the player to move
     policy: np.ndarray  # [T, A] float32: the root's visit distribution
-    outcome: np.ndarray  # [T] float32: the final return of the player to move
+    # [T] float32: the value target of the player to move, the game's final return
+    # (mixed with the root's value by ``value_target_mix``)
+    outcome: np.ndarray
     returns: tuple[float, float]  # of players 0 and 1
+
+    def with_mirror(self, game: Game) -> GameRecord:
+        """This game's positions followed by their mirror images (twice as many rows)."""
+        obs, policy = game.mirror(self.obs, self.policy)
+        return GameRecord(np.concatenate([self.obs, obs]),
+                          np.concatenate([self.policy, policy]),
+                          np.concatenate([self.outcome, self.outcome]), self.returns)
 
 
 class BatchedMCTS:
@@ -249,7 +262,11 @@ class SelfPlay:
         self.game, self.params = game, params
         self.rng = np.random.default_rng(seed)
         self.mcts = BatchedMCTS(game, games, params, self.rng)
-        self.history: list[list[tuple[np.ndarray, np.ndarray, int]]] = [[] for _ in range(games)]
+        if params.mirror_games and not game.mirrors:
+            raise ValueError(f"mirror_games: {game.name} has no known mirror symmetry")
+        # per game: (observation, visit distribution, player to move, root value)
+        self.history: list[list[tuple[np.ndarray, np.ndarray, int, float]]] = \
+            [[] for _ in range(games)]
         self.finished: list[GameRecord] = []
         self.moves = 0
         self.games_played = 0
@@ -297,8 +314,10 @@ class SelfPlay:
             else:
                 best = np.flatnonzero(visits == visits.max())
                 action = int(best[self.rng.integers(len(best))])
+            # the search's value of the root for its player to move
+            root_value = float(mcts.value_sum[slot, 0].sum() / visits.sum())
             history.append((game.observation(root), policy.astype(np.float32),
-                            root.current_player()))
+                            root.current_player(), root_value))
             state = root.clone()
             state.apply_action(action)
             self.moves += 1
@@ -308,12 +327,16 @@ class SelfPlay:
             mcts.reset(slot, state)
 
     def _finish(self, slot: int, returns: list[float]) -> None:
-        history = self.history[slot]
-        self.finished.append(GameRecord(
-            obs=np.stack([h[0] for h in history]),
-            policy=np.stack([h[1] for h in history]),
-            outcome=np.array([returns[h[2]] for h in history], np.float32),
-            returns=(float(returns[0]), float(returns[1]))))
+        history, mix = self.history[slot], self.params.value_target_mix
+        outcome = np.array([returns[h[2]] for h in history], np.float32)
+        if mix:
+            outcome = (1 - mix) * outcome + mix * np.array([h[3] for h in history],
+                                                           np.float32)
+        record = GameRecord(obs=np.stack([h[0] for h in history]),
+                            policy=np.stack([h[1] for h in history]), outcome=outcome,
+                            returns=(float(returns[0]), float(returns[1])))
+        self.finished.append(record.with_mirror(self.game) if self.params.mirror_games
+                             else record)
         self.history[slot] = []
         self.games_played += 1
 
