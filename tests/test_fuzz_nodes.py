@@ -19,6 +19,8 @@ in an unroll crashed the learner; a NaN reward silently made every parameter NaN
 
 from __future__ import annotations
 
+import itertools
+import random
 import socket
 import time
 from dataclasses import dataclass
@@ -118,12 +120,20 @@ def targets(tmp_path_factory) -> Any:
         stop_all(procs.procs)
 
 
-def assert_pong(target: Target, timeout: float = PONG_DEADLINE_S) -> None:
-    """Send a good ping; read replies (to the batch before it) until its pong."""
+# The fuzz itself sends pings (a retyped header, a random one), each answered by a pong
+# of its own, so a test's ping carries a seq no fuzz draws and waits for that pong.
+_PING_SEQ = itertools.count(random.getrandbits(62) | 1 << 62)
+
+
+def ping_and_read(target: Target, timeout: float = PONG_DEADLINE_S) -> list[str]:
+    """Send a ping with a fresh seq; return the types of the replies that came before
+    its pong (the replies to what was sent before it), the pong last."""
     assert target.proc.poll() is None, (
         f"{target.node} died (exit {target.proc.returncode}):\n{target.log_tail()}")
-    target.sock.send_multipart(wire.encode(wire.PING))
+    seq = next(_PING_SEQ)
+    target.sock.send_multipart(wire.encode(wire.PING, seq=seq))
     deadline = time.monotonic() + timeout
+    replies: list[str] = []
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not target.sock.poll(int(left * 1000)):
@@ -135,10 +145,17 @@ def assert_pong(target: Target, timeout: float = PONG_DEADLINE_S) -> None:
         if frames and frames[0] == b"":
             frames = frames[1:]  # the reply to a message that began with an empty frame
         try:
-            if wire.decode(frames).type == wire.PONG:
-                return
+            reply = wire.decode(frames)
         except wire.ProtocolError:
-            pass
+            continue
+        replies.append(reply.type)
+        if reply.type == wire.PONG and reply.fields.get("seq") == seq:
+            return replies
+
+
+def assert_pong(target: Target, timeout: float = PONG_DEADLINE_S) -> None:
+    """Send a good ping; read replies (to the batch before it) until its own pong."""
+    ping_and_read(target, timeout)
 
 
 # ----- strategies -------------------------------------------------------------------
@@ -661,14 +678,7 @@ def test_bad_values_and_dtypes_get_an_error_reply(targets, node, port):
     @given(frames=violation(msg_type, key))
     def run(frames: list) -> None:
         target.sock.send_multipart(frames)
-        target.sock.send_multipart(wire.encode(wire.PING))
-        replies = []
-        deadline = time.monotonic() + PONG_DEADLINE_S
-        while not replies or replies[-1] != wire.PONG:
-            left = deadline - time.monotonic()
-            assert left > 0 and target.sock.poll(int(left * 1000)), (
-                f"no pong from {node}.{port}:\n{target.log_tail()}")
-            replies.append(wire.decode(target.sock.recv_multipart()).type)
+        replies = ping_and_read(target)
         assert wire.ERROR in replies, (
             f"{node}.{port} took a message that breaks its declaration: "
             f"{wire.decode([bytes(f) for f in frames])}")
