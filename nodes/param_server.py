@@ -22,15 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from zmqrl import wire
+from zmqrl import messages, wire
 from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
 from zmqrl.node import Node
 from zmqrl.topology import NodeSpec, Topology
 
 _CHECKPOINT_FORMAT = 1
+_GRADS = messages.spec(wire.GRADS)
 
 
 class ParamServer(Node):
@@ -75,6 +74,7 @@ class ParamServer(Node):
         self.algo = make_algo(topo.algo, self.model)
         self.shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()
                        if p.requires_grad}
+        self.check = messages.Context(parameters=self.shapes)
         self.version = 0
         self.env_steps = 0
         self.grad_norm = float("nan")
@@ -108,21 +108,14 @@ class ParamServer(Node):
         if msg.type != wire.GRADS:
             raise wire.ProtocolError(f"grads port takes '{wire.GRADS}' or '{wire.GET_PARAMS}', "
                                      f"not '{msg.type}'")
-        if set(msg.arrays) != set(self.shapes):
-            raise wire.ProtocolError(f"grads must name exactly the parameters "
-                                     f"{sorted(self.shapes)}")
-        for name, shape in self.shapes.items():
-            if msg[name].shape != shape or msg[name].dtype.kind != "f":
-                raise wire.ProtocolError(f"grads '{name}': want float {list(shape)}, got "
-                                         f"{msg[name].dtype} {list(msg[name].shape)}")
-            if not np.isfinite(msg[name]).all():  # one NaN would poison every parameter
-                raise wire.ProtocolError(f"grads '{name}' holds NaN or infinite values")
+        # The declaration (zmqrl.messages): exactly the trainable parameters, float,
+        # finite (one NaN would poison every parameter), integer counters.
+        messages.check(msg, _GRADS, self.check)
         grads = [msg[name] for name in self.shapes]
         terms = self.algo.apply_gradients(grads)
         self.grad_norm = terms["grad_norm"]
         self.version += 1
-        env_steps = msg.fields.get("env_steps", 0)
-        self.env_steps += env_steps if type(env_steps) is int else 0
+        self.env_steps += msg.fields.get("env_steps", 0)
         self._reply(envelope)
         if self.version % self.args.publish_every == 0:
             self._publish()
