@@ -16,6 +16,7 @@ tables, per-address CURVE server keys) run without Ray installed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -127,7 +128,11 @@ def test_one_socket_reaches_servers_with_keys_of_their_own(tmp_path):
     try:
         dealer.send(b"hello 0")  # round-robin: one to each server
         dealer.send(b"hello 1")
-        stranger.send(b"intruder")
+        # Not a blocking send: once the server refuses the stranger's key, libzmq may
+        # tear its pipe down before the send, and a DEALER with no pipe blocks forever
+        # (the CI run that hung here for 10 minutes). Queued or not, it must not arrive.
+        with contextlib.suppress(zmq.Again):
+            stranger.send(b"intruder", zmq.NOBLOCK)
         got = sorted(s.recv_multipart()[-1] for s, _ in servers if s.poll(5000))
         assert got == [b"hello 0", b"hello 1"]  # both handshakes, each with its own key
         wait_for(lambda: auth.denied > 0, 5, "the stranger's key to be refused")
