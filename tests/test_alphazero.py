@@ -192,6 +192,22 @@ def test_learner_fits_visit_counts_and_outcomes():
     assert last["value_loss"] < 0.2 * first["value_loss"]
 
 
+def test_learner_anneals_the_lr_and_resumes_the_schedule_from_its_checkpoint():
+    spec = env_spec({"id": TTT})
+    model = build_model({"kind": "pv_mlp", "hidden": [8]}, spec, seed=0)
+    cfg = AlphaZeroConfig(lr=0.1, lr_final=0.02, anneal_updates=4, light_adam=True)
+    learner = AlphaZeroLearner(cfg, model)
+    rng = np.random.default_rng(0)
+    batch = {"obs": torch.from_numpy(rng.integers(0, 2, (4, 3, 3, 3)).astype(np.float32)),
+             "policy": torch.full((4, 9), 1 / 9), "outcome": torch.zeros(4)}
+    lrs = [learner.update(batch)["lr"] for _ in range(3)]
+    restored = AlphaZeroLearner(cfg, model)
+    restored.load_state_dict(learner.state_dict())
+    lrs += [restored.update(batch)["lr"] for _ in range(3)]
+    np.testing.assert_allclose(lrs, [0.1, 0.08, 0.06, 0.04, 0.02, 0.02])
+    assert AlphaZeroLearner(AlphaZeroConfig(lr=0.1), model).update(batch)["lr"] == 0.1
+
+
 def test_validate_checks_the_search_actor():
     raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
     from_dict(raw)  # the repository's topology is valid
@@ -203,13 +219,14 @@ def test_validate_checks_the_search_actor():
     text = str(err.value)
     assert "searches with algo 'alphazero'" in text and "not an OpenSpiel game" in text
     raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
-    raw["algo"].update(mirror_games=True, value_target_mix=1.5)
+    raw["algo"].update(mirror_games=True, value_target_mix=1.5, anneal_updates=-1)
     raw["env"]["kwargs"] = {"game": "breakthrough"}
     with pytest.raises(TopologyError) as err:
         from_dict(raw)
     text = str(err.value)
     assert "breakthrough has no known mirror symmetry" in text
     assert "'algo.value_target_mix': 1.5: must be in [0, 1]" in text
+    assert "'algo.anneal_updates': -1: must be >= 0" in text
 
 
 def _topology(tmp_path, raw: dict) -> str:

@@ -226,7 +226,11 @@ class AlphaZeroConfig:
     # rules are symmetric: tic-tac-toe, connect four), twice the positions per game.
     mirror_games: bool = False
     batch_size: int = 128  # positions per update
-    lr: float = 1e-3  # Adam
+    lr: float = 1e-3  # Adam (the start value when annealed)
+    # With anneal_updates > 0 the lr falls linearly from lr to lr_final over that many
+    # updates and then stays at lr_final (AlphaZero lowered its lr in steps); 0: constant.
+    anneal_updates: int = 0
+    lr_final: float = 1e-4
     value_cost: float = 1.0  # weight of the value MSE (the policy cross-entropy has 1)
     l2: float = 1e-4  # weight of the sum of squared weights (biases excluded)
     max_grad_norm: float = 10.0
@@ -245,6 +249,8 @@ class AlphaZeroConfig:
                  "value_target_mix": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
                  "batch_size": (lambda x: x >= 1, "must be >= 1"),
                  "lr": (lambda x: x > 0, "must be > 0"),
+                 "anneal_updates": (lambda x: x >= 0, "must be >= 0"),
+                 "lr_final": (lambda x: x >= 0, "must be >= 0"),
                  "value_cost": (lambda x: x >= 0, "must be >= 0"),
                  "l2": (lambda x: x >= 0, "must be >= 0"),
                  "max_grad_norm": (lambda x: x > 0, "must be > 0")}

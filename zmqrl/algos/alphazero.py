@@ -9,7 +9,8 @@ game's final outcome ``z`` for that player. The loss is AlphaZero's
 
 (the policy cross-entropy to the visit counts, the value's squared error to the
 outcome, and an L2 penalty on the weights, biases excluded), minimised with Adam and a
-global gradient-norm clip. The reported ``policy_kl`` is the cross-entropy minus the
+global gradient-norm clip; the lr optionally falls linearly to ``lr_final`` over
+``anneal_updates`` updates. The reported ``policy_kl`` is the cross-entropy minus the
 targets' entropy: 0 when the network reproduces the search.
 """
 
@@ -45,7 +46,15 @@ class AlphaZeroLearner:
         # the L2 penalty covers weights, not biases (AlphaZero's weight decay does too)
         self.weights = [p for p in self.params if p.dim() > 1]
         self.optimizer = make_adam(self.params, cfg.lr, 1e-8, cfg.light_adam)
-        self.updates = 0
+        self.updates = 0  # drives lr annealing; restored with the checkpoint
+
+    def lr(self) -> float:
+        """The lr of the next update: ``lr`` annealed linearly to ``lr_final``."""
+        cfg = self.cfg
+        if cfg.anneal_updates <= 0:
+            return cfg.lr
+        done = min(1.0, self.updates / cfg.anneal_updates)
+        return cfg.lr + (cfg.lr_final - cfg.lr) * done
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg = self.cfg
@@ -56,6 +65,9 @@ class AlphaZeroLearner:
         policy_loss, value_loss = cross_entropy.mean(), squared.mean()
         l2 = sum((w ** 2).sum() for w in self.weights)
         loss = policy_loss + cfg.value_cost * value_loss + cfg.l2 * l2
+        lr = self.lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
@@ -66,7 +78,7 @@ class AlphaZeroLearner:
         return {"loss": loss.item(), "policy_loss": policy_loss.item(),
                 "policy_kl": (policy_loss - entropy).item(), "value_loss": value_loss.item(),
                 "l2": l2.item(), "value_mean": value.detach().mean().item(),
-                "grad_norm": float(grad_norm)}
+                "grad_norm": float(grad_norm), "lr": lr}
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
