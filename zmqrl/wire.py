@@ -93,6 +93,10 @@ _ALLOWED_DTYPES = frozenset(
                                 ("float", (16, 32, 64))) for n in sizes
 ) | {"bool"}
 _RESERVED = frozenset({"v", "t", "arrays"})
+# The dtypes a message may carry, made once, and their wire names: numpy builds
+# ``dtype.name`` anew on every access (~3 us), and np.frombuffer given a name parses it.
+_DTYPES = {name: np.dtype(name) for name in _ALLOWED_DTYPES}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
 class ProtocolError(ValueError):
@@ -132,9 +136,9 @@ def encode(msg_type: str, arrays: dict[str, np.ndarray] | None = None, **fields:
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)  # (this would turn a 0-d array into 1-d)
-        dtype = arr.dtype.name
-        if dtype not in _ALLOWED_DTYPES:
-            raise ProtocolError(f"array {name!r}: dtype {dtype} cannot be sent")
+        dtype = _DTYPE_NAMES.get(arr.dtype)
+        if dtype is None:
+            raise ProtocolError(f"array {name!r}: dtype {arr.dtype} cannot be sent")
         if arr.nbytes <= INLINE_MAX_BYTES:
             specs.append([name, dtype, list(arr.shape), arr.tobytes()])
         else:
@@ -175,11 +179,15 @@ def _buffer(frame: Any) -> memoryview | bytes:
 
 
 def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
-    """Parse and check one message; raise :class:`ProtocolError` on anything untrusted."""
+    """Parse and check one message; raise :class:`ProtocolError` on anything untrusted.
+
+    This runs once per message on every port (the inference broker's hot path): the
+    checks are written out inline, and each one is needed (tests/test_wire.py)."""
     if not frames:
         raise ProtocolError("empty message")
-    raw_header = _buffer(frames[0])
-    total = sum(len(_buffer(f)) for f in frames)
+    buffers = [_buffer(f) for f in frames]
+    raw_header = buffers[0]
+    total = sum(map(len, buffers))
     if total > max_bytes:
         raise ProtocolError(f"message of {total} bytes exceeds the limit of {max_bytes}")
     if len(raw_header) > MAX_HEADER_BYTES:
@@ -193,14 +201,17 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"header is not msgpack ({type(exc).__name__}: "
                             f"{str(exc)[:80]})") from None
-    if not _depth(header, _MAX_DEPTH):
-        raise ProtocolError(f"header nests containers deeper than {_MAX_DEPTH}")
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a msgpack {type(header).__name__}, not a map")
-    # msgpack's strict_map_key still lets bin keys through; the protocol wants str only.
-    bad_keys = [k for k in header if not isinstance(k, str)]
-    if bad_keys:
-        raise ProtocolError(f"header keys must be strings, got {bad_keys[0]!r:.40}")
+    for key, value in header.items():
+        # msgpack's strict_map_key still lets bin keys through; the protocol wants str.
+        if type(key) is not str:
+            raise ProtocolError(f"header keys must be strings, got {key!r:.40}")
+        # 'arrays' is bounded by its entries' checks below (list of [str, str, list of
+        # ints(, bytes)]), so only the other fields can nest deeper.
+        if isinstance(value, dict | list) and key != "arrays" and \
+                not _depth(value, _MAX_DEPTH - 1):
+            raise ProtocolError(f"header nests containers deeper than {_MAX_DEPTH}")
     version = header.get("v")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -222,17 +233,16 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     for spec in specs:
         name, dtype, shape, data = _check_spec(spec)
         if data is None:
-            data = _buffer(frames[next_frame])
+            data = buffers[next_frame]
             next_frame += 1
-        itemsize = np.dtype(dtype).itemsize
-        if math.prod(d for d in shape if d) * itemsize >= 2**63:
+        itemsize = dtype.itemsize
+        size = math.prod(shape)
+        if (size or math.prod(d for d in shape if d)) * itemsize >= 2**63:
             # an empty array's byte count (0) would check out; no such array can exist
             raise ProtocolError(f"array {name!r}: shape {shape!r:.80} is too large")
-        expected = math.prod(shape) * itemsize
-        if len(data) != expected:
-            raise ProtocolError(
-                f"array {name!r}: {len(data)} bytes but {dtype}{tuple(shape)} needs {expected}"
-            )
+        if len(data) != size * itemsize:
+            raise ProtocolError(f"array {name!r}: {len(data)} bytes but "
+                                f"{dtype}{tuple(shape)} needs {size * itemsize}")
         if name in arrays:
             raise ProtocolError(f"array {name!r} appears twice")
         try:
@@ -244,7 +254,7 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     return Message(msg_type, fields, arrays)
 
 
-def _check_spec(spec: Any) -> tuple[str, str, list[int], bytes | None]:
+def _check_spec(spec: Any) -> tuple[str, np.dtype, list[int], bytes | None]:
     if not isinstance(spec, list) or len(spec) not in (3, 4):
         raise ProtocolError(f"bad array entry {spec!r:.80}: want [name, dtype, shape(, bytes)]")
     name, dtype, shape = spec[0], spec[1], spec[2]
@@ -255,13 +265,16 @@ def _check_spec(spec: Any) -> tuple[str, str, list[int], bytes | None]:
     data = spec[3] if len(spec) == 4 else None
     if not isinstance(name, str):
         raise ProtocolError(f"array name {name!r:.40} is not a string")
-    if not isinstance(dtype, str) or dtype not in _ALLOWED_DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise ProtocolError(f"array {name!r}: dtype {dtype!r:.40} not allowed")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if not isinstance(shape, list):
         raise ProtocolError(f"array {name!r}: shape {shape!r:.80} is not a list of sizes")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise ProtocolError(f"array {name!r}: shape {shape!r:.80} is not a list of sizes")
     if len(shape) > MAX_DIMS:
         raise ProtocolError(f"array {name!r}: {len(shape)} dimensions, at most {MAX_DIMS}")
-    return name, dtype, shape, data
+    return name, _DTYPES[dtype], shape, data
 
 
 def error_reply(reason: str) -> list:

@@ -65,13 +65,17 @@ class ActingSetup:
 
     @property
     def to_device(self) -> Any:
-        """The model's ``HostToDevice`` (pinned staging buffers on CUDA), made once."""
-        mover = self.__dict__.get("_to_device")
-        if mover is None or mover.device != self.device:  # the model may have moved
+        """The model's ``HostToDevice`` (pinned staging buffers on CUDA), made once.
+        This runs per forward pass: the model's first parameter is kept, so checking
+        where it lives (the model may have moved) costs an attribute, not a walk
+        over its modules."""
+        cached = self.__dict__.get("_to_device")
+        if cached is None or cached[0].device != cached[1].device:
             from zmqrl.devices import HostToDevice
 
-            mover = self.__dict__["_to_device"] = HostToDevice(self.device)
-        return mover
+            first = next(self.model.parameters())
+            cached = self.__dict__["_to_device"] = (first, HostToDevice(first.device))
+        return cached[1]
 
 
 class Behaviour:
