@@ -335,6 +335,18 @@ def test_deep_nesting_is_rejected(depth):
         wire.decode([raw])
 
 
+@pytest.mark.parametrize("depth", [9, 100_000])
+def test_deep_nesting_inside_arrays_is_rejected(depth):
+    # decode's depth walk leaves 'arrays' to the entries' own checks: they must catch it
+    raw = b"\x83\xa1v\x01\xa1t\xa4ping\xa6arrays" + b"\x91" * depth + b"\x90"
+    with pytest.raises(wire.ProtocolError, match="bad array entry|not msgpack"):
+        wire.decode([raw])
+    entry = b"\x93\xa1x\xa7float32" + b"\x91" * depth + b"\x90"  # a nested shape
+    raw = b"\x83\xa1v\x01\xa1t\xa4ping\xa6arrays\x91" + entry
+    with pytest.raises(wire.ProtocolError, match="not a list of sizes|not msgpack"):
+        wire.decode([raw, b""])  # (the frame its 3-element entry announces)
+
+
 def test_nesting_within_the_limit_decodes():
     row = {"a": {"b": [[1, 2], {"c": [3]}]}}
     assert roundtrip(wire.METRICS, {}, row=row).fields["row"] == row
