@@ -42,8 +42,7 @@ def _node(raw: dict, name: str, tmp: Path) -> Any:
 
     topo = from_dict(raw)
     spec = topo.nodes[name]
-    node = load_class(spec.target)(NodeContext(topo, spec, 0, tmp, Endpoints(topo, tmp)))
-    return node
+    return load_class(spec.target)(NodeContext(topo, spec, 0, tmp, Endpoints(topo, tmp)))
 
 
 def _best_us(fn: Any, number: int = 1000) -> float:
@@ -91,7 +90,7 @@ def measure() -> dict[str, float]:
         actor.send = lambda _name, frames, *_args, **_kwargs: sent.append(frames) or True
         actor._open_sockets()
         actor.setup()
-        name, handler, _ = next(v for v in actor._handlers.values() if v[0] == "policy")
+        _, handler, _ = next(v for v in actor._handlers.values() if v[0] == "policy")
         seq = wire.decode(sent[0]).fields["seq"]  # lane 0's first request
         replies = [[bytes(f) for f in wire.encode(
             wire.ACT, {"action": rng.integers(0, 2, ENVS)}, seq=s)] for s in range(1 << 14)]
