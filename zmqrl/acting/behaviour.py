@@ -60,10 +60,6 @@ class ActingSetup:
     insert_batch: int = 1
 
     @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
     def to_device(self) -> Any:
         """The model's ``HostToDevice`` (pinned staging buffers on CUDA), made once.
         This runs per forward pass: the model's first parameter is kept, so checking
