@@ -1,6 +1,6 @@
 """AlphaZero on the bus: what BENCHMARKS.md records for topologies/alphazero.yaml.
 
-    python benchmarks/alphazero.py throughput [--game connect_four] [--seconds 30]
+    python benchmarks/alphazero.py throughput [--game connect_four] [--seconds 30] [--set ...]
     python benchmarks/alphazero.py tictactoe [--budget 1800] [--every 120]
     python benchmarks/alphazero.py connect4 [--budget 3600] [--every 900] [--games 20]
         [--eval-simulations 100 400] [--set algo.mirror_games=true ...]
@@ -140,8 +140,11 @@ def through_broker(raw: dict, actors: int, games: int, lanes: int, seconds: floa
 
 
 def throughput(args: argparse.Namespace) -> None:
+    from zmqrl.cli import _overrides
+    from zmqrl.topology import merge
+
     torch.set_num_threads(1)
-    raw = yaml.safe_load(TOPOLOGY.read_text())
+    raw = merge(yaml.safe_load(TOPOLOGY.read_text()), _overrides(tuple(args.set)))
     raw["env"] = {"id": env_id(args.game)}
     if args.simulations:
         raw["algo"]["num_simulations"] = args.simulations
@@ -336,6 +339,8 @@ def main() -> None:
     t.add_argument("--lanes", type=int, default=0)
     t.add_argument("--games", type=int, default=0)
     t.add_argument("--simulations", type=int, default=0, help="0: the topology's")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override the topology, as zmqrl up --set")
     t.set_defaults(run=throughput)
     c = sub.add_parser("tictactoe")
     c.add_argument("--budget", type=float, default=1800.0)

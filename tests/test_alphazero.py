@@ -192,6 +192,40 @@ def test_learner_fits_visit_counts_and_outcomes():
     assert last["value_loss"] < 0.2 * first["value_loss"]
 
 
+def test_conv_net_acts_channels_last_with_plain_parameters():
+    """pv_conv runs its activations channels-last (faster on CPU) and gives what the
+    same layers give on plain NCHW tensors; its parameters stay C-contiguous arrays, so
+    they cross the wire and load into another copy unchanged; and it still learns."""
+    from zmqrl.models import load_state_arrays, state_arrays
+
+    spec = env_spec({"id": env_id("connect_four")})
+    model = build_model({"kind": "pv_conv", "hidden": 16}, spec, seed=0)
+    rng = np.random.default_rng(2)
+    obs = torch.from_numpy(rng.integers(0, 2, (5, *spec.obs_shape)).astype(np.float32))
+    logits, value = model(obs)
+    plain = model.blocks(model.stem(obs.contiguous()))  # the layers without the switch
+    np.testing.assert_allclose(logits.detach().numpy(), model.policy(plain).detach().numpy(),
+                               atol=1e-5)
+    np.testing.assert_allclose(value.detach().numpy(),
+                               torch.tanh(model.value(plain)).squeeze(-1).detach().numpy(),
+                               atol=1e-5)
+    arrays = state_arrays(model)
+    assert all(a.flags["C_CONTIGUOUS"] for a in arrays.values())
+    copy = build_model({"kind": "pv_conv", "hidden": 16}, spec, seed=1)
+    load_state_arrays(copy, wire.decode(wire.encode(wire.PARAMS, arrays, version=1)).arrays)
+    np.testing.assert_array_equal(copy(obs)[0].detach().numpy(), logits.detach().numpy())
+
+    learner = AlphaZeroLearner(AlphaZeroConfig(lr=3e-3, l2=0.0, light_adam=True), model)
+    batch = {"obs": obs, "policy": torch.from_numpy(rng.dirichlet(np.ones(7), 5)
+                                                    .astype(np.float32)),
+             "outcome": torch.tensor([1.0, -1.0, 0.0, 1.0, -1.0])}
+    first = learner.update(batch)
+    for _ in range(60):
+        last = learner.update(batch)
+    assert last["policy_kl"] < 0.2 * first["policy_kl"]
+    assert last["value_loss"] < 0.2 * first["value_loss"]
+
+
 def test_learner_anneals_the_lr_and_resumes_the_schedule_from_its_checkpoint():
     spec = env_spec({"id": TTT})
     model = build_model({"kind": "pv_mlp", "hidden": [8]}, spec, seed=0)
