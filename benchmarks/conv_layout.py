@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import timeit
+from collections.abc import Callable
 
 import torch
 
@@ -29,7 +30,7 @@ def plain(model: torch.nn.Module, obs: torch.Tensor) -> tuple[torch.Tensor, torc
     return model.policy(x), torch.tanh(model.value(x)).squeeze(-1)
 
 
-def best_ms(fn, number: int) -> float:
+def best_ms(fn: Callable[[], object], number: int) -> float:
     fn()
     return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e3
 
@@ -48,11 +49,13 @@ def main() -> None:
     training = torch.rand(args.train_batch, *spec.obs_shape)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
-    def act(forward):
+    Forward = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+    def act(forward: Forward) -> None:
         with torch.inference_mode():
             forward(acting)
 
-    def train(forward):
+    def train(forward: Forward) -> None:
         logits, value = forward(training)
         (logits.logsumexp(-1).mean() + value.square().mean()).backward()
         optimizer.step()
