@@ -36,11 +36,13 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -64,12 +66,20 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.1f}"
 
 
-def up(topology: dict, run_dir: Path, seconds: float, *extra: str) -> subprocess.Popen:
+@contextmanager
+def up(topology: dict, run_dir: Path, seconds: float) -> Iterator[subprocess.Popen]:
+    """``zmqrl up`` of ``topology`` for at most ``seconds``; stopped (SIGTERM, which the
+    supervisor passes on to its nodes) when the block exits, however it exits."""
     path = run_dir.parent / f"{run_dir.name}.yaml"
     path.write_text(yaml.safe_dump(topology))
-    return subprocess.Popen([sys.executable, "-m", "zmqrl.cli", "up", str(path), "--run-dir",
-                             str(run_dir), "--max-seconds", str(seconds), *extra],
+    proc = subprocess.Popen([sys.executable, "-m", "zmqrl.cli", "up", str(path), "--run-dir",
+                             str(run_dir), "--max-seconds", str(seconds)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 # ----- throughput ----------------------------------------------------------------------
@@ -118,8 +128,7 @@ def through_broker(raw: dict, actors: int, games: int, lanes: int, seconds: floa
                   "links": {"policy": "broker.policy"}}}}
     with tempfile.TemporaryDirectory(prefix="zmqrl-az-") as tmp:
         run_dir = Path(tmp) / "run"
-        proc = up(topo, run_dir, seconds + 600)
-        try:
+        with up(topo, run_dir, seconds + 600) as proc:
             first = None
             while first is None and proc.poll() is None:  # start-up is not search
                 time.sleep(0.5)
@@ -128,9 +137,6 @@ def through_broker(raw: dict, actors: int, games: int, lanes: int, seconds: floa
             first = _sample(run_dir, actors)
             time.sleep(seconds)
             last = _sample(run_dir, actors)
-        finally:
-            proc.terminate()
-            proc.wait()
         batch = [float(r["batch_envs_mean"]) for r in
                  csv.DictReader(open(run_dir / "metrics" / "broker.csv"))
                  if float(r["batch_envs_mean"] or 0) > 0]
@@ -238,7 +244,6 @@ def connect4(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="zmqrl-az-c4-") as tmp:
         run_dir = Path(tmp) / "run"
         start = time.monotonic()
-        proc = up(raw, run_dir, args.budget)
         checkpoint = run_dir / "checkpoints" / "learner.pt"
         copies: list[tuple[float, dict]] = []
 
@@ -247,13 +252,14 @@ def connect4(args: argparse.Namespace) -> None:
                 copies.append((time.monotonic() - start, torch.load(
                     checkpoint, map_location="cpu", weights_only=True)))
 
-        for mark in np.arange(args.every, args.budget, args.every):
-            try:
-                proc.wait(max(0.0, start + mark - time.monotonic()))
-                break  # the run ended before this mark
-            except subprocess.TimeoutExpired:
-                keep()
-        proc.wait()
+        with up(raw, run_dir, args.budget) as proc:
+            for mark in np.arange(args.every, args.budget, args.every):
+                try:
+                    proc.wait(max(0.0, start + mark - time.monotonic()))
+                    break  # the run ended before this mark
+                except subprocess.TimeoutExpired:
+                    keep()
+            proc.wait()
         keep()
     print(f"connect four: trained with {params.num_simulations} simulations a move; against "
           f"OpenSpiel's MCTS bot with {args.bot_simulations} random-rollout simulations, "
@@ -303,27 +309,27 @@ def tictactoe(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="zmqrl-az-ttt-") as tmp:
         run_dir = Path(tmp) / "run"
         start = time.monotonic()
-        proc = up(raw, run_dir, args.budget)
         checkpoint = run_dir / "checkpoints" / "learner.pt"
         first_perfect = None
         next_eval = args.every
-        while proc.poll() is None:
-            time.sleep(1.0)
-            elapsed = time.monotonic() - start
-            if elapsed < next_eval or not checkpoint.exists():
-                continue
-            next_eval += args.every
-            try:
-                state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-            except (RuntimeError, EOFError):
-                continue  # (never half-written: the checkpointer renames; be safe anyway)
-            model.load_state_dict(state["model"])
-            with_search = versus_minimax(game, model, params, 100, True)
-            alone = versus_minimax(game, model, params, 100, False)
-            if with_search[2] == 0 and first_perfect is None:
-                first_perfect = elapsed
-            print(f"| {elapsed:.0f} | {state['updates']} | {'/'.join(map(str, with_search))} | "
-                  f"{'/'.join(map(str, alone))} | {os.getloadavg()[0]:.1f} |", flush=True)
+        with up(raw, run_dir, args.budget) as proc:
+            while proc.poll() is None:
+                time.sleep(1.0)
+                elapsed = time.monotonic() - start
+                if elapsed < next_eval or not checkpoint.exists():
+                    continue
+                next_eval += args.every
+                try:
+                    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+                except (RuntimeError, EOFError):
+                    continue  # (never half-written: the checkpointer renames; be safe anyway)
+                model.load_state_dict(state["model"])
+                with_search = versus_minimax(game, model, params, 100, True)
+                alone = versus_minimax(game, model, params, 100, False)
+                if with_search[2] == 0 and first_perfect is None:
+                    first_perfect = elapsed
+                print(f"| {elapsed:.0f} | {state['updates']} | {'/'.join(map(str, with_search))} | "
+                      f"{'/'.join(map(str, alone))} | {os.getloadavg()[0]:.1f} |", flush=True)
         print(f"search first lost none of 100 at {first_perfect:.0f} s of wall time"
               if first_perfect is not None else "search lost some game at every evaluation")
 
@@ -362,6 +368,9 @@ def main() -> None:
                    help="override the topology, as zmqrl up --set")
     f.set_defaults(run=connect4)
     args = parser.parse_args()
+    # SIGTERM exits as Ctrl-C does, through ``up``'s cleanup: a benchmark killed never
+    # leaves its zmqrl up running for the rest of its budget
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.run(args)
 
 
