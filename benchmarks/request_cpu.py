@@ -160,5 +160,6 @@ def main() -> None:
               f"({med['broker_reply_us']:.1f} before the reply), actor {med['actor_us']:.1f} "
               f"us per {ENVS}-env lane step (CPU, best of 9 x 1,000)")
 
+
 if __name__ == "__main__":
     main()
