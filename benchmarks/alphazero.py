@@ -52,6 +52,7 @@ import torch
 import yaml
 
 from zmqrl import algo_config
+from zmqrl.devices import resolve_precision
 from zmqrl.envs import env_spec
 from zmqrl.games import Game, env_id
 from zmqrl.models import build_model
@@ -84,10 +85,12 @@ def up(topology: dict, run_dir: Path, seconds: float) -> Iterator[subprocess.Pop
 
 # ----- throughput ----------------------------------------------------------------------
 def in_process(game: Game, model: torch.nn.Module, params: SearchParams, games: int,
-               one_by_one: bool, seconds: float) -> tuple[float, float]:
-    """(simulations per second of wall time, per CPU second) of this process."""
+               one_by_one: bool, seconds: float, precision: str = "float32"
+               ) -> tuple[float, float]:
+    """(simulations per second of wall time, per CPU second) of this process, its
+    forward passes in ``precision`` (the topology's broker's)."""
     play = SelfPlay(game, games, params, seed=0)
-    evaluate = model_evaluator(model, one_by_one=one_by_one)
+    evaluate = model_evaluator(model, one_by_one=one_by_one, precision=precision)
     play.feed(*evaluate(play.leaves()))  # warm-up: first forward passes are slow
     start, cpu, sims = time.perf_counter(), time.process_time(), play.simulations
     while time.perf_counter() - start < seconds:
@@ -122,7 +125,8 @@ def through_broker(raw: dict, actors: int, games: int, lanes: int, seconds: floa
     """(simulations per second of wall time, per CPU second of the actors and the broker,
     leaves per forward pass) of ``actors`` mcts_actor processes and one broker."""
     topo = {**raw, "nodes": {
-        "broker": {"kind": "inference_broker"},
+        "broker": {"kind": "inference_broker",
+                   "args": raw["nodes"]["broker"].get("args", {})},
         "actor": {"kind": "mcts_actor", "replicas": actors,
                   "args": {"games": games, "lanes": lanes},
                   "links": {"policy": "broker.policy"}}}}
@@ -162,14 +166,18 @@ def throughput(args: argparse.Namespace) -> None:
     model = build_model(raw["model"], env_spec(raw["env"]), seed=0).eval()
     params = SearchParams.of(algo_config.parse(raw["algo"]))
     games = args.actors * args.games * args.lanes  # the same games in flight everywhere
+    precision = resolve_precision(raw["nodes"]["broker"].get("args", {}).get(
+        "precision", "float32"), torch.device("cpu"))
     print(f"{args.game}, model {raw['model']}, {params.num_simulations} simulations a move, "
-          f"{games} games in flight")
+          f"{games} games in flight, forward passes in {precision}")
     rows = []
     for name, run in (
             ("in-process, one leaf per forward pass",
+             # float32: for one position a call, autocast's casts cost more than they save
              lambda: in_process(game, model, params, games, True, args.seconds)),
             ("in-process, a round's leaves per forward pass",
-             lambda: in_process(game, model, params, games, False, args.seconds)),
+             lambda: in_process(game, model, params, games, False, args.seconds,
+                                precision)),
             (f"bus: {args.actors} actors x {args.lanes} lanes x {args.games} games, broker",
              lambda: through_broker(raw, args.actors, args.games, args.lanes, args.seconds))):
         out = run()

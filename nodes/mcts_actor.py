@@ -69,6 +69,7 @@ class MCTSActor(Node):
         max_insert_positions: int = 256
         max_waiting_positions: int = 4096  # finished positions held before the lanes pause
         device: str = "cpu"  # policy: local
+        precision: str = "float32"  # policy: local (as the inference broker's)
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -85,6 +86,11 @@ class MCTSActor(Node):
         elif policy == "remote" and "policy" not in spec.links:
             errors.append(((*where, "links"), "policy: remote needs a 'policy' link (to an "
                                               "inference broker)"))
+        from zmqrl.devices import check_precision
+
+        problem = check_precision(args.get("precision", "float32"), args.get("device", "cpu"))
+        if problem:
+            errors.append(((*where, "args", "precision"), problem))
         try:
             cfg = topo.algo_config
             if cfg.family != SEARCH:
@@ -141,6 +147,7 @@ class MCTSActor(Node):
         import torch
 
         from zmqrl.acting.params import ParamsFollower
+        from zmqrl.devices import resolve_precision
         from zmqrl.models import build_model
         from zmqrl.search.mcts import model_evaluator
 
@@ -149,7 +156,8 @@ class MCTSActor(Node):
         self.model = build_model(topo.model, self.spec, topo.seed).to(self.args.device)
         self.model.eval()
         self.params = ParamsFollower(self.model, self)
-        self.evaluate = model_evaluator(self.model)
+        self.evaluate = model_evaluator(self.model, precision=resolve_precision(
+            self.args.precision, torch.device(self.args.device)))
 
     # ----- remote evaluation --------------------------------------------------------------
     def _send_leaves(self, lane: _Lane) -> None:

@@ -16,8 +16,15 @@ the model converts them on the device.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Any
+
 import numpy as np
 import torch
+
+# The arithmetic a forward pass may run in (a node's ``precision``); ``auto`` is
+# bfloat16 where the hardware computes it natively, else float32 (resolve_precision).
+PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
 
 def pick_device(name: str, replica: int = 0) -> torch.device:
@@ -35,6 +42,46 @@ def pick_device(name: str, replica: int = 0) -> torch.device:
             raise ValueError(f"device '{name}': torch sees no CUDA device")
         device = torch.device("cuda", replica % count)
     return device
+
+
+def check_precision(precision: str, device: str = "auto") -> str | None:
+    """Why ``precision`` cannot run on ``device`` (a node's ``device`` arg), or None."""
+    if precision not in PRECISIONS:
+        return f"'{precision}' is not one of {', '.join(PRECISIONS)}"
+    if precision == "float16" and device.startswith("cpu"):
+        return "float16 runs on CUDA only (on a CPU use bfloat16)"
+    return None
+
+
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively: a CUDA GPU that supports it, or
+    a CPU with AVX-512 BF16 or AMX (elsewhere bfloat16 is emulated, slower than float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private to torch.cpu
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``precision`` as it will run on ``device``: ``auto`` made concrete; a precision
+    the device cannot run is a ValueError naming why (float16 on a CPU)."""
+    problem = check_precision(precision, device.type)
+    if problem:
+        raise ValueError(f"precision: {problem}")
+    if precision == "auto":
+        return "bfloat16" if native_bfloat16(device) else "float32"
+    return precision
+
+
+def autocast(device: torch.device, precision: str) -> Any:
+    """The context for a forward pass in ``precision`` on ``device``: torch.autocast
+    (matrix products and convolutions in the lower precision, reductions and the
+    parameters in float32), or nothing for float32."""
+    if precision == "float32":
+        return nullcontext()
+    if precision == "float16" and device.type != "cuda":
+        raise ValueError("float16 runs on CUDA only (on a CPU use bfloat16)")
+    return torch.autocast(device.type, dtype=getattr(torch, precision))
 
 
 class HostToDevice:

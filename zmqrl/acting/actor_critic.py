@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from zmqrl import wire
-from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item
+from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item, host
 from zmqrl.models import bootstrap_truncated
 from zmqrl.unroll import PolicyState, UnrollBuilder
 
@@ -48,11 +48,10 @@ class ActorCriticBehaviour(Behaviour):
                 ) -> dict[str, np.ndarray]:
         if "h" not in inputs:
             action, logp = model.act(inputs["obs"])
-            return {"action": action.cpu().numpy(), "logp": logp.cpu().numpy()}
+            return {"action": action.cpu().numpy(), "logp": host(logp)}
         action, logp, (h, c) = model.step(inputs["obs"], inputs["first"],
                                           (inputs["h"], inputs["c"]))
-        return {"action": action.cpu().numpy(), "logp": logp.cpu().numpy(),
-                "h": h.cpu().numpy(), "c": c.cpu().numpy()}
+        return {"action": action.cpu().numpy(), "logp": host(logp), "h": host(h), "c": host(c)}
 
     def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
         action = outputs["action"].astype(self.spec.action_dtype, copy=False)

@@ -58,6 +58,11 @@ class ActingSetup:
     # until this many can go in one insert (Ape-X's local buffer: fewer, larger messages).
     priorities: bool = True
     insert_batch: int = 1
+    # The forward passes' arithmetic: "float32", or "bfloat16" (and on CUDA "float16")
+    # under torch.autocast. The parameters stay float32 (what the learner publishes
+    # loads as is); a conv net's leaf evaluations take half the time in bfloat16 on a
+    # CPU with AVX-512 BF16 (BENCHMARKS.md, AlphaZero).
+    precision: str = "float32"
 
     @property
     def to_device(self) -> Any:
@@ -72,6 +77,18 @@ class ActingSetup:
             first = next(self.model.parameters())
             cached = self.__dict__["_to_device"] = (first, HostToDevice(first.device))
         return cached[1]
+
+    def autocast(self) -> Any:
+        """The context a forward pass runs in: ``precision`` on the model's device."""
+        from zmqrl.devices import autocast
+
+        return autocast(self.to_device.device, self.precision)
+
+
+def host(tensor: torch.Tensor) -> np.ndarray:
+    """A forward pass's floating output as a float32 numpy array on the host (under
+    reduced precision it may be bfloat16, which numpy has no type for)."""
+    return tensor.float().cpu().numpy()
 
 
 class Behaviour:
@@ -146,7 +163,13 @@ def act_batched(model: torch.nn.Module, behaviours: list[Behaviour],
         joined = parts[0]
     else:
         joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    outputs = type(behaviours[0]).forward(model, behaviours[0].setup.to_device.batch(joined))
+    setup = behaviours[0].setup
+    inputs = setup.to_device.batch(joined)
+    if setup.precision == "float32":
+        outputs = type(behaviours[0]).forward(model, inputs)
+    else:
+        with setup.autocast():
+            outputs = type(behaviours[0]).forward(model, inputs)
     actions, start = [], 0
     for b in behaviours:
         end = start + b.n

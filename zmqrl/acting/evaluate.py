@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zmqrl.acting.behaviour import ActingSetup, Behaviour
+from zmqrl.acting.behaviour import ActingSetup, Behaviour, host
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +36,7 @@ class EvaluateBehaviour(Behaviour):
     def forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]
                 ) -> dict[str, np.ndarray]:
         logits, value = model.predict(inputs["obs"])
-        return {"logits": logits.float().cpu().numpy(), "value": value.float().cpu().numpy()}
+        return {"logits": host(logits), "value": host(value)}
 
     def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
         self._outputs = outputs

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from zmqrl import wire
-from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item, take_all
+from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item, host, take_all
 from zmqrl.algos.dqn import NStepAccumulator, td_priorities
 from zmqrl.topology import Topology
 
@@ -59,7 +59,7 @@ class EpsilonGreedyBehaviour(Behaviour):
     @staticmethod
     def forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]
                 ) -> dict[str, np.ndarray]:
-        return {"q": model.q_values(inputs["obs"]).cpu().numpy()}
+        return {"q": host(model.q_values(inputs["obs"]))}
 
     def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
         greedy = outputs["q"].argmax(-1)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from zmqrl import wire
-from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item
+from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item, host
 from zmqrl.sequences import RecurrentEnvs
 
 
@@ -36,7 +36,7 @@ class RecurrentQBehaviour(Behaviour):
     def forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]
                 ) -> dict[str, np.ndarray]:
         q, (h, c) = model.step(inputs["obs"], inputs["first"], (inputs["h"], inputs["c"]))
-        return {"q": q.cpu().numpy(), "h": h.cpu().numpy(), "c": c.cpu().numpy()}
+        return {"q": host(q), "h": host(h), "c": host(c)}
 
     def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
         self.version = version

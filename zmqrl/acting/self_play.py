@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from zmqrl import wire
-from zmqrl.acting.behaviour import ActingSetup, Behaviour, EpisodeLog, Item
+from zmqrl.acting.behaviour import ActingSetup, Behaviour, EpisodeLog, Item, host
 from zmqrl.selfplay.config import SelfPlayConfig
 from zmqrl.selfplay.pool import LATEST, OpponentPool
 
@@ -146,7 +146,7 @@ class SelfPlayBehaviour(Behaviour):
                     continue  # evicted mid-game: the latest policy finishes it
                 rows = torch.from_numpy(np.flatnonzero(who == opponent)).to(obs.device)
                 action[rows], logp[rows] = snapshot.act(obs[rows])
-        return {"action": action.cpu().numpy(), "logp": logp.cpu().numpy()}
+        return {"action": action.cpu().numpy(), "logp": host(logp)}
 
     def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
         self.pool.maybe_snapshot(version, lambda: frozen_copy(self.model))

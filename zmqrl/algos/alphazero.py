@@ -22,6 +22,7 @@ import torch
 
 from zmqrl.algo_config import AlphaZeroConfig
 from zmqrl.algos.optim import make_adam
+from zmqrl.devices import autocast
 
 
 def alphazero_loss(logits: torch.Tensor, value: torch.Tensor, policy: torch.Tensor,
@@ -39,9 +40,12 @@ def alphazero_loss(logits: torch.Tensor, value: torch.Tensor, policy: torch.Tens
 class AlphaZeroLearner:
     """One Adam step on the AlphaZero loss per batch."""
 
-    def __init__(self, cfg: AlphaZeroConfig, model: torch.nn.Module):
+    def __init__(self, cfg: AlphaZeroConfig, model: torch.nn.Module,
+                 precision: str = "float32"):
         self.cfg = cfg
         self.model = model
+        # the model's forward pass in this arithmetic (autocast); the loss in float32
+        self.precision = precision
         self.params = [p for p in model.parameters() if p.requires_grad]
         # the L2 penalty covers weights, not biases (AlphaZero's weight decay does too)
         self.weights = [p for p in self.params if p.dim() > 1]
@@ -59,7 +63,9 @@ class AlphaZeroLearner:
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg = self.cfg
         policy, outcome = batch["policy"].float(), batch["outcome"].float()
-        logits, value = self.model(batch["obs"])
+        with autocast(batch["obs"].device, self.precision):
+            logits, value = self.model(batch["obs"])
+        logits, value = logits.float(), value.float()
         cross_entropy, squared = alphazero_loss(logits, value, policy, outcome,
                                                 batch.get("weights"))
         policy_loss, value_loss = cross_entropy.mean(), squared.mean()

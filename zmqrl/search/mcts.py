@@ -370,16 +370,21 @@ def uniform_for(game: Game) -> Evaluator:
     return evaluate
 
 
-def model_evaluator(model: Any, one_by_one: bool = False) -> Evaluator:
+def model_evaluator(model: Any, one_by_one: bool = False,
+                    precision: str = "float32") -> Evaluator:
     """The policy-value ``model`` (``zmqrl.models.policy_value``) in this process: all
     leaves in one forward pass, or (``one_by_one``) a forward pass per leaf, as a
-    search that does not batch evaluates them."""
+    search that does not batch evaluates them; in ``precision`` (as the inference
+    broker's arg of that name)."""
     import torch
+
+    from zmqrl.devices import autocast
 
     device = next(model.parameters()).device
 
     def forward(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        logits, value = model.predict(torch.from_numpy(obs).to(device))
+        with autocast(device, precision):
+            logits, value = model.predict(torch.from_numpy(obs).to(device))
         return logits.float().cpu().numpy(), value.float().cpu().numpy()
 
     def evaluate(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
