@@ -183,8 +183,8 @@ class Learner(Node):
         if self.checkpointer.restore_if_present():
             self.log.info("resumed from %s at update %d", self.checkpointer.path, self.updates)
         self._publish()  # the restored parameters, if any, with their version
-        self.log.info("%s on %s in %s, batch %d", self.kind, self.device, precision,
-                      self.cfg.batch_size)
+        self.log.info("%s on %s, batch %d, forward passes in %s", self.kind, self.device,
+                      self.cfg.batch_size, precision)
 
     def _make_updater(self) -> Updater:
         from zmqrl import distributed
