@@ -81,6 +81,35 @@ def _play(game: Game, params: SearchParams, games: int = 8) -> list:
     return play.take_finished()
 
 
+def test_observations_are_what_pyspiel_says_each_player_sees():
+    """The leaves' observations come from OpenSpiel's reused observation buffer (fast):
+    they equal pyspiel's ``observation_tensor`` lists for every position and player, in
+    the net's plane order; and a single observation is a copy, not a view of the buffer
+    the next call overwrites."""
+    rng = np.random.default_rng(0)
+    for name in ("tic_tac_toe", "connect_four"):
+        game = Game(name)
+        states = []
+        for _ in range(60):
+            state = game.new_state()
+            for _ in range(int(rng.integers(0, 12))):
+                if state.is_terminal():
+                    break
+                state.apply_action(int(rng.choice(state.legal_actions())))
+            states.append(state)
+        players = rng.integers(0, 2, len(states))
+        expected = []
+        for state, player in zip(states, players.tolist(), strict=True):
+            planes = np.array(state.observation_tensor(player), np.float32)
+            planes = planes.reshape(game.obs_shape)
+            expected.append(planes if game._planes is None else planes[game._planes[player]])
+        np.testing.assert_array_equal(game.observations(states, players), np.stack(expected))
+        first = game.observation(states[-1], 0)
+        kept = first.copy()
+        game.observation(states[-2], 1)
+        np.testing.assert_array_equal(first, kept)
+
+
 def test_mirror_is_the_same_position_with_the_columns_reversed():
     game = Game("connect_four")
     obs = game.observation(game.state_from([0, 0, 1, 3]))
