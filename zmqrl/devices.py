@@ -79,8 +79,9 @@ def autocast(device: torch.device, precision: str) -> Any:
     parameters in float32), or nothing for float32."""
     if precision == "float32":
         return nullcontext()
-    if precision == "float16" and device.type != "cuda":
-        raise ValueError("float16 runs on CUDA only (on a CPU use bfloat16)")
+    problem = check_precision(precision, device.type)
+    if problem:
+        raise ValueError(f"precision: {problem}")
     return torch.autocast(device.type, dtype=getattr(torch, precision))
 
 
