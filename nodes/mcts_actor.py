@@ -140,8 +140,11 @@ class MCTSActor(Node):
                 self.set_handler(lane.socket,
                                  lambda _envelope, msg, lane=lane: self._on_act(lane, msg))
                 self._send_leaves(lane)
-        self.log.info("%s, %d lanes of %d games, %d simulations a move, %s evaluation",
-                      self.game.name, a.lanes, a.games, params.num_simulations, a.policy)
+        self.log.info("%s, %d lanes of %d games, %d simulations a move (%s), %s evaluation",
+                      self.game.name, a.lanes, a.games, params.num_simulations,
+                      f"{params.fast_simulations} on {1 - params.full_search_fraction:.0%} "
+                      "of moves, not recorded" if params.full_search_fraction < 1 else
+                      "every move recorded", a.policy)
 
     def _local_model(self) -> None:
         import torch
@@ -193,7 +196,7 @@ class MCTSActor(Node):
             self.finished.append(record)
             self.waiting_positions += len(record.outcome)
             self.games += 1
-            self.results.append((*record.returns, len(record.outcome)))
+            self.results.append((*record.returns, record.moves))
         self.moves = sum(la.play.moves for la in self.lanes)
         self._ship()
 

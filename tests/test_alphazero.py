@@ -4,6 +4,8 @@ trains on them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -19,7 +21,13 @@ from zmqrl.algos.alphazero import AlphaZeroLearner  # noqa: E402
 from zmqrl.envs import env_spec  # noqa: E402
 from zmqrl.games import Game, GameEnv, env_id, game_name  # noqa: E402
 from zmqrl.models import build_model  # noqa: E402
-from zmqrl.search.mcts import SearchParams, SelfPlay, search, uniform_for  # noqa: E402
+from zmqrl.search.mcts import (  # noqa: E402
+    BatchedMCTS,
+    SearchParams,
+    SelfPlay,
+    search,
+    uniform_for,
+)
 from zmqrl.search.minimax import Minimax  # noqa: E402
 from zmqrl.topology import TopologyError, from_dict  # noqa: E402
 
@@ -145,6 +153,109 @@ def test_self_play_mirrors_games_and_mixes_the_root_value_into_the_target():
     # a position one move from the end: the mover's search sees its win or its loss
     last = np.array([r.outcome[-1] for r in root])
     assert (np.sign(last) == np.sign([r.outcome[-1] for r in plain])).mean() > 0.5
+
+
+def test_fast_searches_are_played_and_not_recorded():
+    """Playout cap randomization: a quarter of the moves get the full search and are
+    recorded, the rest the fast one; the recorded positions keep their outcome for the
+    player to move, and the simulations add up to full and fast budgets exactly."""
+    game = Game("tic_tac_toe")
+    params = SearchParams(num_simulations=16, full_search_fraction=0.25, fast_simulations=4)
+    play, evaluate = SelfPlay(game, 32, params, seed=5), uniform_for(game)
+    while play.games_played < 32:
+        play.feed(*evaluate(play.leaves()))
+    records = play.take_finished()
+    recorded = sum(len(r.outcome) for r in records)
+    moves = sum(r.moves for r in records)
+    assert 0 < len(records) <= play.games_played and 0.13 < recorded / moves < 0.37
+    for r in records:
+        assert len(r.outcome) <= r.moves <= 9 and np.allclose(r.policy.sum(-1), 1.0)
+        # the pieces on the board tell each recorded position's move number, so its mover
+        number = r.obs[:, :2].sum((1, 2, 3)).astype(int)
+        assert (np.diff(number) > 0).all() and (number < r.moves).all()
+        assert (r.outcome == np.where(number % 2 == 0, r.returns[0], r.returns[1])).all()
+    # each search evaluates its root, then runs its budget of simulations through it
+    full = recorded + sum(len(h) for h in play.history)
+    mcts = play.mcts
+    in_flight = mcts.root_visits(np.arange(32)).sum() + mcts.expanded[:, 0].sum()
+    assert play.simulations == 17 * full + 5 * (play.moves - full) + in_flight
+    # a fast search's root keeps the network's priors; a full one's gets noise
+    mcts = BatchedMCTS(game, 2, SearchParams(num_simulations=4), np.random.default_rng(0))
+    for slot, noise in enumerate((False, True)):
+        mcts.reset(slot, game.new_state(), noise=noise)
+    mcts.select(np.arange(2))
+    mcts.expand(np.arange(2), np.zeros((2, 9), np.float32), np.zeros(2, np.float32))
+    assert np.allclose(mcts.prior[0, 0], 1 / 9) and not np.allclose(mcts.prior[1, 0], 1 / 9)
+
+
+def _check_tree(mcts: BatchedMCTS, slot: int) -> None:
+    """Every edge of ``slot``'s tree leads to the state its move reaches, and every
+    expanded node's visits are those of its children plus its own evaluation."""
+    size, states = int(mcts.size[slot]), mcts.states[slot]
+    for node in range(size):
+        for move in np.flatnonzero(mcts.child[slot, node] >= 0).tolist():
+            kid = int(mcts.child[slot, node, move])
+            assert node < kid < size
+            assert states[kid].history() == states[node].history() + [move]
+            through = mcts.visits[slot, kid].sum()
+            expected = through + 1 if mcts.expanded[slot, kid] else through
+            assert mcts.visits[slot, node, move] >= expected
+    assert all(s is None for s in states[size:]) and (mcts.child[slot, size:] < 0).all()
+
+
+def test_a_kept_subtree_is_the_child_s_tree_and_saves_simulations():
+    game = Game("connect_four")
+    params = SearchParams(num_simulations=64, dirichlet_fraction=0.0)
+    mcts = BatchedMCTS(game, 1, params, np.random.default_rng(0))
+    mcts.reset(0, game.new_state(), noise=False)
+    evaluate = uniform_for(game)
+    while mcts.root_visits(np.arange(1))[0] < 64:
+        mcts.select(np.arange(1))
+        if mcts.leaf[0] >= 0:
+            mcts.expand(np.arange(1), *evaluate(mcts.leaf_observations(np.arange(1))))
+    _check_tree(mcts, 0)
+    move = int(mcts.visits[0, 0].argmax())
+    old = int(mcts.child[0, 0, move])
+    below = mcts.visits[0, old].copy()
+    state = game.new_state()
+    state.apply_action(move)
+    mcts.advance(0, move, state, noise=False)
+    assert mcts.states[0][0].history() == [move]
+    np.testing.assert_array_equal(mcts.visits[0, 0], below)
+    assert mcts.root_visits(np.arange(1))[0] == below.sum() > 0
+    _check_tree(mcts, 0)
+    # a kept root of a full search gets its noise when it becomes the root
+    noisy = BatchedMCTS(game, 1, replace(params, dirichlet_fraction=0.25),
+                        np.random.default_rng(0))
+    for array in ("child", "visits", "value_sum", "prior", "legal", "expanded", "size"):
+        getattr(noisy, array)[:] = getattr(mcts, array)
+    noisy.states = [list(mcts.states[0])]
+    kid = int(np.flatnonzero(mcts.child[0, 0] >= 0)[0])
+    before = mcts.prior[0, int(mcts.child[0, 0, kid])].copy()
+    noisy.advance(0, kid, None, noise=True)
+    assert not np.allclose(noisy.prior[0, 0], before)
+    assert np.isclose(noisy.prior[0, 0].sum(), 1.0, atol=1e-5)
+    # a move never evaluated starts a fresh tree
+    mcts.reset(0, game.new_state())
+    mcts.advance(0, move, state)
+    assert mcts.size[0] == 1 and mcts.root_visits(np.arange(1))[0] == 0
+    assert mcts.states[0][0].history() == [move]
+    # self-play keeps the subtrees: the same number of moves for fewer evaluations
+    for fraction in (1.0, 0.5):
+        costs = []
+        for reuse in (False, True):
+            params = SearchParams(num_simulations=32, reuse_trees=reuse,
+                                  full_search_fraction=fraction, fast_simulations=8)
+            play = SelfPlay(game, 16, params, seed=1)
+            while play.moves < 400:
+                play.feed(*evaluate(play.leaves()))
+            for slot in range(16):
+                _check_tree(play.mcts, slot)
+            for r in play.take_finished():
+                number = r.obs[:, :2].sum((1, 2, 3)).astype(int)
+                assert (r.outcome == np.where(number % 2 == 0, *r.returns)).all()
+            costs.append(play.simulations / play.moves)
+        assert costs[1] < 0.85 * costs[0], costs
 
 
 def test_game_is_an_env_id():
@@ -282,7 +393,8 @@ def test_validate_checks_the_search_actor():
     text = str(err.value)
     assert "searches with algo 'alphazero'" in text and "not an OpenSpiel game" in text
     raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
-    raw["algo"].update(mirror_games=True, value_target_mix=1.5, anneal_updates=-1)
+    raw["algo"].update(mirror_games=True, value_target_mix=1.5, anneal_updates=-1,
+                       full_search_fraction=0.0)
     raw["env"]["kwargs"] = {"game": "breakthrough"}
     with pytest.raises(TopologyError) as err:
         from_dict(raw)
@@ -290,6 +402,7 @@ def test_validate_checks_the_search_actor():
     assert "breakthrough has no known mirror symmetry" in text
     assert "'algo.value_target_mix': 1.5: must be in [0, 1]" in text
     assert "'algo.anneal_updates': -1: must be >= 0" in text
+    assert "'algo.full_search_fraction': 0.0: must be in (0, 1]" in text
 
 
 def _topology(tmp_path, raw: dict) -> str:

@@ -225,6 +225,12 @@ class AlphaZeroConfig:
     # Each finished game goes to the replay mirrored left-right as well (games whose
     # rules are symmetric: tic-tac-toe, connect four), twice the positions per game.
     mirror_games: bool = False
+    # Playout cap randomization (KataGo, Wu 2019): this fraction of moves, drawn at random,
+    # is searched with num_simulations (root noise on) and recorded; the others with
+    # fast_simulations, no noise, not recorded. More games for the same search: more
+    # independent outcomes for the value target. 1: every move searched fully.
+    full_search_fraction: float = 1.0
+    fast_simulations: int = 20
     batch_size: int = 128  # positions per update
     lr: float = 1e-3  # Adam (the start value when annealed)
     # With anneal_updates > 0 the lr falls linearly from lr to lr_final over that many
@@ -247,6 +253,8 @@ class AlphaZeroConfig:
                  "dirichlet_fraction": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
                  "temperature_moves": (lambda x: x >= 0, "must be >= 0"),
                  "value_target_mix": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+                 "full_search_fraction": (lambda x: 0 < x <= 1, "must be in (0, 1]"),
+                 "fast_simulations": (lambda x: x >= 1, "must be >= 1"),
                  "batch_size": (lambda x: x >= 1, "must be >= 1"),
                  "lr": (lambda x: x > 0, "must be > 0"),
                  "anneal_updates": (lambda x: x >= 0, "must be >= 0"),

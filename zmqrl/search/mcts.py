@@ -23,9 +23,17 @@ the leaf's player to move, -v for the other: two-player zero-sum).
 :class:`SelfPlay` plays games with it: once a root has ``num_simulations`` visits the
 move is chosen from the visit counts (sampled in proportion to them for the first
 ``temperature_moves`` moves of a game, the most visited after), the position is recorded
-as (observation, visit distribution, player to move), and a new tree starts from the
-next position (subtrees are not reused). A finished game becomes a :class:`GameRecord`:
-its positions with the final outcome for the player to move at each.
+as (observation, visit distribution, player to move), and the next search starts from
+the next position: a fresh tree, or (``reuse_trees``) the subtree of the move played,
+whose visits count towards the next search's simulations. A finished game becomes a
+:class:`GameRecord`: its positions with the final outcome for the player to move at each.
+
+With ``full_search_fraction`` below 1 (KataGo's playout cap randomization, Wu 2019) only
+that fraction of moves, drawn at random, gets the full search (with root noise) and is
+recorded; the others get ``fast_simulations`` without root noise, are played and not
+recorded. Games then cost fewer simulations each, so more of them are played for the
+same search: more independent outcomes for the value target, whose positions within one
+game are correlated, at the price of fewer positions a game.
 """
 
 from __future__ import annotations
@@ -55,6 +63,11 @@ class SearchParams:
     # a position's value target: (1 - mix) * the game's outcome + mix * the root's value
     value_target_mix: float = 0.0
     mirror_games: bool = False  # each finished game goes out mirrored too (Game.mirror)
+    # playout cap randomization: the fraction of moves searched fully and recorded; the
+    # others are searched with fast_simulations, without noise, and not recorded
+    full_search_fraction: float = 1.0
+    fast_simulations: int = 20
+    reuse_trees: bool = False  # the next search starts from the subtree of the move played
 
     @classmethod
     def of(cls, cfg: Any, **overrides: Any) -> SearchParams:
@@ -72,13 +85,15 @@ class GameRecord:
     # (mixed with the root's value by ``value_target_mix``)
     outcome: np.ndarray
     returns: tuple[float, float]  # of players 0 and 1
+    moves: int  # the game's length (>= its rows: fast-searched moves are not recorded)
 
     def with_mirror(self, game: Game) -> GameRecord:
         """This game's positions followed by their mirror images (twice as many rows)."""
         obs, policy = game.mirror(self.obs, self.policy)
         return GameRecord(np.concatenate([self.obs, obs]),
                           np.concatenate([self.policy, policy]),
-                          np.concatenate([self.outcome, self.outcome]), self.returns)
+                          np.concatenate([self.outcome, self.outcome]), self.returns,
+                          self.moves)
 
 
 class BatchedMCTS:
@@ -89,8 +104,9 @@ class BatchedMCTS:
         self.game, self.params, self.rng = game, params, rng
         self.slots = slots
         a = game.num_actions
-        # Each simulation adds at most one node; the root is one more.
-        m = params.num_simulations + 2
+        # Each simulation adds at most one node; the root is one more. (A kept subtree
+        # holds at most one node per visit through it, which the next search counts.)
+        m = max(params.num_simulations, params.fast_simulations) + 2
         self.child = np.full((slots, m, a), -1, np.int64)
         self.visits = np.zeros((slots, m, a), np.float32)
         self.value_sum = np.zeros((slots, m, a), np.float32)  # for the node's player
@@ -107,11 +123,13 @@ class BatchedMCTS:
         self.path_action = np.zeros((slots, depth), np.int64)
         self.path_len = np.zeros(slots, np.int64)
         self.leaf = np.full(slots, -1, np.int64)  # node waiting for its evaluation
+        self.noise = np.ones(slots, np.bool_)  # Dirichlet noise at the root (if fraction > 0)
         self.simulations = 0  # backed-up simulations, all games (evaluated or terminal)
 
     # ----- trees ------------------------------------------------------------------------
-    def reset(self, slot: int, state: Any) -> None:
-        """A fresh tree in ``slot`` whose root is ``state`` (not terminal)."""
+    def reset(self, slot: int, state: Any, noise: bool = True) -> None:
+        """A fresh tree in ``slot`` whose root is ``state`` (not terminal); ``noise``:
+        whether its root priors get Dirichlet noise (``params.dirichlet_fraction``)."""
         used = int(self.size[slot])
         self.child[slot, :used] = -1
         for array in (self.visits, self.value_sum, self.prior):
@@ -125,6 +143,49 @@ class BatchedMCTS:
         self._nodes(np.array([slot]), np.array([0]), [state])
         self.size[slot] = 1
         self.leaf[slot] = -1
+        self.noise[slot] = noise
+
+    def advance(self, slot: int, action: int, state: Any, noise: bool = True) -> None:
+        """The next search in ``slot``, from ``state``, the root's state after ``action``:
+        that child's subtree becomes the tree (its nodes moved to the front, in
+        breadth-first order), or a fresh tree where the child was never evaluated. A kept
+        root is expanded already, so its noise, if any, is mixed in here."""
+        old = int(self.child[slot, 0, action])
+        if old < 0 or not self.expanded[slot, old]:
+            self.reset(slot, state, noise)
+            return
+        child = self.child[slot]
+        level, levels = np.array([old]), []
+        while len(level):  # one numpy step per depth, not per node
+            levels.append(level)
+            level = child[level].ravel()
+            level = level[level >= 0]
+        keep = np.concatenate(levels)
+        order, used, k = keep.tolist(), int(self.size[slot]), len(keep)
+        remap = np.full(used, -1, np.int64)
+        remap[keep] = np.arange(k)
+        kids = self.child[slot, keep]
+        self.child[slot, :k] = np.where(kids >= 0, remap[np.maximum(kids, 0)], -1)
+        self.child[slot, k:used] = -1
+        for array in (self.visits, self.value_sum, self.prior, self.legal, self.expanded,
+                      self.terminal, self.player, self.returns):
+            array[slot, :k] = array[slot, keep]  # (fancy indexing copies first)
+            array[slot, k:used] = 0
+        states = self.states[slot]
+        kept = [states[j] for j in order]
+        states[:used] = kept + [None] * (used - k)
+        self.size[slot] = k
+        self.leaf[slot] = -1
+        self.noise[slot] = noise
+        if noise and self.params.dirichlet_fraction > 0:
+            self._mix_noise(self.prior[slot, 0], self.legal[slot, 0])
+
+    def _mix_noise(self, prior: np.ndarray, legal: np.ndarray) -> None:
+        """Dirichlet noise into one root's ``prior`` [A] (in place) over its legal moves."""
+        p = self.params
+        moves = np.flatnonzero(legal)
+        noise = self.rng.dirichlet(np.full(len(moves), p.dirichlet_alpha))
+        prior[moves] = (1 - p.dirichlet_fraction) * prior[moves] + p.dirichlet_fraction * noise
 
     def _nodes(self, slots: np.ndarray, index: np.ndarray, states: list[Any]) -> None:
         """Nodes ``index`` of ``slots`` for ``states`` (one numpy write per array: the
@@ -216,11 +277,8 @@ class BatchedMCTS:
         prior = np.exp(logits - logits.max(-1, keepdims=True))
         prior /= prior.sum(-1, keepdims=True)
         if p.dirichlet_fraction > 0:
-            for i in np.flatnonzero(leaf == 0):
-                moves = np.flatnonzero(legal[i])
-                noise = self.rng.dirichlet(np.full(len(moves), p.dirichlet_alpha))
-                prior[i, moves] = (1 - p.dirichlet_fraction) * prior[i, moves] \
-                    + p.dirichlet_fraction * noise
+            for i in np.flatnonzero((leaf == 0) & self.noise[slots]):
+                self._mix_noise(prior[i], legal[i])
         self.prior[slots, leaf] = prior
         self.expanded[slots, leaf] = True
         values = np.clip(values.astype(np.float32, copy=False), -1.0, 1.0)
@@ -271,8 +329,12 @@ class SelfPlay:
         self.moves = 0
         self.games_played = 0
         self.pending = np.arange(0)
+        self.move_number = np.zeros(games, np.int64)  # of the game in each slot
+        # per slot: whether this move's search is a full one (recorded), and its budget
+        self.full = np.ones(games, np.bool_)
+        self.budget = np.full(games, params.num_simulations, np.int64)
         for slot in range(games):
-            self.mcts.reset(slot, game.new_state())
+            self._search(slot, game.new_state())
 
     @property
     def simulations(self) -> int:
@@ -300,45 +362,72 @@ class SelfPlay:
         finished, self.finished = self.finished, []
         return finished
 
+    def _search(self, slot: int, state: Any, action: int = -1) -> None:
+        """Start the search of the move from ``state`` (reached by the root's ``action``;
+        -1: a new game): full or fast (see the module docstring; the random draw only
+        when fast searches are on, so that without them the games are the same as before
+        they existed), in a fresh tree or the kept subtree."""
+        p = self.params
+        full = p.full_search_fraction >= 1.0 or self.rng.random() < p.full_search_fraction
+        self.full[slot] = full
+        self.budget[slot] = p.num_simulations if full else p.fast_simulations
+        if p.reuse_trees and action >= 0:
+            self.mcts.advance(slot, action, state, noise=full)
+        else:
+            self.mcts.reset(slot, state, noise=full)
+
     def _decide(self, slots: np.ndarray) -> None:
-        """Move in the games of ``slots`` whose root has had its simulations."""
+        """Move in the games of ``slots`` whose root has had its simulations (again
+        where a kept subtree already has them)."""
+        mcts = self.mcts
+        while len(slots):
+            ready = slots[mcts.root_visits(slots) >= self.budget[slots]]
+            for slot in ready.tolist():
+                self._move(slot)
+            slots = ready if self.params.reuse_trees else ready[:0]
+
+    def _move(self, slot: int) -> None:
+        """Play the move the finished search in ``slot`` chose; record it if full."""
         mcts, game = self.mcts, self.game
-        ready = slots[mcts.root_visits(slots) >= self.params.num_simulations]
-        for slot in ready.tolist():
-            root = mcts.root_state(slot)
-            visits = mcts.visits[slot, 0]
-            policy = visits / visits.sum()
-            history = self.history[slot]
-            if len(history) < self.params.temperature_moves:
-                action = int(self.rng.choice(len(policy), p=policy))
-            else:
-                best = np.flatnonzero(visits == visits.max())
-                action = int(best[self.rng.integers(len(best))])
+        root = mcts.root_state(slot)
+        visits = mcts.visits[slot, 0]
+        policy = visits / visits.sum()
+        if self.move_number[slot] < self.params.temperature_moves:
+            action = int(self.rng.choice(len(policy), p=policy))
+        else:
+            best = np.flatnonzero(visits == visits.max())
+            action = int(best[self.rng.integers(len(best))])
+        if self.full[slot]:
             # the search's value of the root for its player to move
             root_value = float(mcts.value_sum[slot, 0].sum() / visits.sum())
-            history.append((game.observation(root), policy.astype(np.float32),
-                            root.current_player(), root_value))
-            state = root.clone()
-            state.apply_action(action)
-            self.moves += 1
-            if state.is_terminal():
-                self._finish(slot, state.returns())
-                state = game.new_state()
-            mcts.reset(slot, state)
+            self.history[slot].append((game.observation(root), policy.astype(np.float32),
+                                       root.current_player(), root_value))
+        state = root.clone()
+        state.apply_action(action)
+        self.moves += 1
+        self.move_number[slot] += 1
+        if state.is_terminal():
+            self._finish(slot, state.returns())
+            state, action = game.new_state(), -1
+        self._search(slot, state, action)
 
     def _finish(self, slot: int, returns: list[float]) -> None:
+        moves = int(self.move_number[slot])
+        self.move_number[slot] = 0
+        self.games_played += 1
         history, mix = self.history[slot], self.params.value_target_mix
+        self.history[slot] = []
+        if not history:
+            return  # every move of it searched fast: nothing to learn from
         outcome = np.array([returns[h[2]] for h in history], np.float32)
         if mix:
             outcome = (1 - mix) * outcome + mix * np.array([h[3] for h in history],
                                                            np.float32)
         record = GameRecord(obs=np.stack([h[0] for h in history]),
                             policy=np.stack([h[1] for h in history]), outcome=outcome,
-                            returns=(float(returns[0]), float(returns[1])))
+                            returns=(float(returns[0]), float(returns[1])), moves=moves)
         self.finished.append(record.with_mirror(self.game) if self.params.mirror_games
                              else record)
-        self.history[slot] = []
-        self.games_played += 1
 
 
 def search(game: Game, states: list[Any], evaluate: Evaluator, params: SearchParams,
