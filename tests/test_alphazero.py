@@ -403,6 +403,11 @@ def test_validate_checks_the_search_actor():
     assert "'algo.value_target_mix': 1.5: must be in [0, 1]" in text
     assert "'algo.anneal_updates': -1: must be >= 0" in text
     assert "'algo.full_search_fraction': 0.0: must be in (0, 1]" in text
+    raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
+    raw["algo"].update(reuse_trees=True, full_search_fraction=0.25, fast_simulations=12)
+    params = SearchParams.of(from_dict(raw).algo_config)
+    assert (params.reuse_trees, params.full_search_fraction, params.fast_simulations) == \
+        (True, 0.25, 12)
 
 
 def _topology(tmp_path, raw: dict) -> str:

@@ -231,6 +231,9 @@ class AlphaZeroConfig:
     # independent outcomes for the value target. 1: every move searched fully.
     full_search_fraction: float = 1.0
     fast_simulations: int = 20
+    # Each move's search starts from the subtree of the move just played, whose visits
+    # count towards its simulations (instead of a fresh tree).
+    reuse_trees: bool = False
     batch_size: int = 128  # positions per update
     lr: float = 1e-3  # Adam (the start value when annealed)
     # With anneal_updates > 0 the lr falls linearly from lr to lr_final over that many
