@@ -394,7 +394,7 @@ def test_validate_checks_the_search_actor():
     assert "searches with algo 'alphazero'" in text and "not an OpenSpiel game" in text
     raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
     raw["algo"].update(mirror_games=True, value_target_mix=1.5, anneal_updates=-1,
-                       full_search_fraction=0.0)
+                       full_search_fraction=0.0, num_simulations=16, fast_simulations=32)
     raw["env"]["kwargs"] = {"game": "breakthrough"}
     with pytest.raises(TopologyError) as err:
         from_dict(raw)
@@ -403,6 +403,7 @@ def test_validate_checks_the_search_actor():
     assert "'algo.value_target_mix': 1.5: must be in [0, 1]" in text
     assert "'algo.anneal_updates': -1: must be >= 0" in text
     assert "'algo.full_search_fraction': 0.0: must be in (0, 1]" in text
+    assert "'algo.fast_simulations': 32: must be <= num_simulations (16)" in text
     raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
     raw["algo"].update(reuse_trees=True, full_search_fraction=0.25, fast_simulations=12)
     params = SearchParams.of(from_dict(raw).algo_config)

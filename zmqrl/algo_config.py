@@ -265,9 +265,18 @@ class AlphaZeroConfig:
                  "value_cost": (lambda x: x >= 0, "must be >= 0"),
                  "l2": (lambda x: x >= 0, "must be >= 0"),
                  "max_grad_norm": (lambda x: x > 0, "must be > 0")}
-        return [(key, f"{values[key]!r}: {message}") for key, (ok, message) in rules.items()
-                if isinstance(values.get(key), (int, float))
-                and not isinstance(values[key], bool) and not ok(values[key])]
+        errors = [(key, f"{values[key]!r}: {message}") for key, (ok, message) in rules.items()
+                  if isinstance(values.get(key), (int, float))
+                  and not isinstance(values[key], bool) and not ok(values[key])]
+        # a fast search is the cheaper one (when fast searches are on at all)
+        fast = values.get("fast_simulations", cls.fast_simulations)
+        full = values.get("num_simulations", cls.num_simulations)
+        if values.get("full_search_fraction", 1.0) != 1.0 and \
+                all(isinstance(x, int) and not isinstance(x, bool) for x in (fast, full)) \
+                and fast > full:
+            errors.append(("fast_simulations", f"{fast!r}: must be <= num_simulations ({full})"
+                           " when full_search_fraction < 1"))
+        return errors
 
 
 CONFIGS: dict[str, type] = {cfg.kind: cfg for cfg in (  # type: ignore[attr-defined]
