@@ -195,8 +195,9 @@ class MCTSActor(Node):
         for record in lane.play.take_finished():
             self.finished.append(record)
             self.waiting_positions += len(record.outcome)
-            self.games += 1
             self.results.append((*record.returns, record.moves))
+        # (a game whose every move was searched fast has no record, and still counts)
+        self.games = sum(la.play.games_played for la in self.lanes)
         self.moves = sum(la.play.moves for la in self.lanes)
         self._ship()
 
