@@ -426,7 +426,7 @@ def test_leaves_of_two_actors_share_one_forward_pass(processes, tmp_path):
     carry more than one leaf, so the leaves of both actors were evaluated together."""
     raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
     raw["env"] = {"id": TTT}
-    raw["algo"]["num_simulations"] = 8
+    raw["algo"].update(num_simulations=8, fast_simulations=2)
     raw["nodes"] = {
         "broker": {"kind": "inference_broker", "args": {"max_batch": 2, "max_wait_ms": 20.0}},
         "actor": {"kind": "mcts_actor", "replicas": 2, "args": {"games": 1, "lanes": 1},
@@ -453,7 +453,8 @@ def test_alphazero_moves_games_into_the_replay_and_learns(processes, tmp_path):
     raw = yaml.safe_load((REPO / "topologies" / "alphazero.yaml").read_text())
     raw["env"] = {"id": TTT}
     raw["model"] = {"kind": "pv_mlp", "hidden": [64, 64]}
-    raw["algo"].update(num_simulations=16, temperature_moves=3, batch_size=64)
+    raw["algo"].update(num_simulations=16, fast_simulations=4, temperature_moves=3,
+                       batch_size=64)
     raw["nodes"]["replay"]["args"].update(min_size=200)
     raw["nodes"]["actor"]["args"].update(games=16)
     raw["nodes"]["local_actor"] = {

@@ -46,7 +46,8 @@ OTHER_ENVS: dict[str, tuple[float | None, float, int, tuple[str, ...]]] = {
     "ppo_lstm": (80, 180, 10, ("nodes.learner.replicas=1",)),
     # Self-play has no return to reach: games must reach the replay and the learner
     # train on them (tests/test_alphazero.py checks that its loss falls).
-    "alphazero": (None, 45, 3, ("algo.num_simulations=10", "nodes.replay.args.min_size=200")),
+    "alphazero": (None, 45, 3, ("algo.num_simulations=10", "algo.fast_simulations=3",
+                                      "nodes.replay.args.min_size=200")),
 }
 
 
