@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 
-from conftest import read_csv
+from zmqrl.runmetrics import RunMetrics, StopConditions
+from zmqrl.topology import load
+
+from conftest import REPO, read_csv
 
 
 def test_bench_reports_rates_and_each_nodes_cpu_per_env_step(processes, tmp_path):
@@ -70,3 +73,22 @@ def test_every_node_reports_its_cpu_use(tmp_path):
     for got, want in zip(reported, expected, strict=True):
         assert abs(got - want) < 0.05, (reported, expected)
     assert reported[0] > reported[1] + 0.2, reported  # busy above idle
+
+
+def test_stepping_seconds_count_from_the_first_env_step(tmp_path):
+    """``max_stepping_seconds`` (what the bench measures by): start-up does not count,
+    however long it takes."""
+    class Stepping(RunMetrics):
+        steps = 0
+
+        @property
+        def total_env_steps(self) -> int:
+            return self.steps
+
+    run = Stepping(load(str(REPO / "topologies" / "seed.yaml")),
+                   StopConditions(max_stepping_seconds=5.0, max_seconds=600.0), tmp_path)
+    assert run.stop_reason(100.0) is None  # 100 s of start-up, no step yet
+    run.steps = 64
+    assert run.stop_reason(101.0) is None and run.stop_reason(105.9) is None
+    assert run.stop_reason(106.0) == "5 s of stepping reached"
+    assert run.stop_reason(600.0) == "--max-seconds 600 reached"

@@ -43,6 +43,9 @@ _NO_ENV = messages.Context()  # supervisor messages carry no arrays
 class StopConditions:
     max_steps: int | None = None
     max_seconds: float | None = None
+    # seconds after the first env step was reported: start-up (imports, first
+    # connections) does not count, however long a loaded machine makes it
+    max_stepping_seconds: float | None = None
     target_return: float | None = None
     window: int = 100
 
@@ -104,6 +107,7 @@ class RunMetrics:
         self.returns_20: deque[float] = deque(maxlen=20)
         self.episodes = 0
         self.learner_row: dict[str, Any] = {}
+        self.stepping_since: float | None = None  # elapsed s at the first env step seen
         self.rejected = 0  # reports refused (bad fields, unknown or spoofed labels)
         self.run_log: CsvLog | None = None
         self.board = tb.ScalarWriter(self.run_dir / "tb" / "run") if tb.enabled() else None
@@ -225,6 +229,11 @@ class RunMetrics:
         s = self.stop
         if s.max_seconds is not None and elapsed_s >= s.max_seconds:
             return f"--max-seconds {s.max_seconds:g} reached"
+        if self.stepping_since is None and self.total_env_steps > 0:
+            self.stepping_since = elapsed_s
+        if (s.max_stepping_seconds is not None and self.stepping_since is not None
+                and elapsed_s - self.stepping_since >= s.max_stepping_seconds):
+            return f"{s.max_stepping_seconds:g} s of stepping reached"
         if s.max_steps is not None and self.total_env_steps >= s.max_steps:
             return f"--max-steps {s.max_steps} reached"
         if (s.target_return is not None and len(self.returns) >= s.window
