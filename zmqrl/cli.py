@@ -117,7 +117,8 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
     topo = _load(topology, sets)
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo)
     check(directory)
-    stop = launch.StopConditions(max_steps, max_seconds, target_return)
+    stop = launch.StopConditions(max_steps=max_steps, max_seconds=max_seconds,
+                                 target_return=target_return)
     if engine == "ray":
         import importlib.util
 

@@ -43,11 +43,12 @@ _NO_ENV = messages.Context()  # supervisor messages carry no arrays
 class StopConditions:
     max_steps: int | None = None
     max_seconds: float | None = None
-    # seconds after the first env step was reported: start-up (imports, first
-    # connections) does not count, however long a loaded machine makes it
-    max_stepping_seconds: float | None = None
     target_return: float | None = None
     window: int = 100
+    # seconds after the first env step was reported: start-up (imports, first
+    # connections) does not count, however long a loaded machine makes it. Last, so
+    # that positional callers (the CLI) keep their meaning.
+    max_stepping_seconds: float | None = None
 
 
 @dataclass
