@@ -8,6 +8,8 @@
 2. The topology: the same envs split over ``actors`` actor processes, one inference
    broker batching their requests and assembling unrolls, and a sink in the learner's
    place (so learning does not compete for the two cores; ``--with-learner`` keeps it).
+   Each actor gets a core of its own (``cores``, :mod:`zmqrl.cores`) when the machine
+   has a core to spare for the rest; ``--no-pin`` leaves placement to the scheduler.
 
 Reported: both rates, their ratio, the broker's batch size (envs per forward pass), the
 actors' request round-trip latency p50/p99, and where the time goes: the limit's split
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from zmqrl import cores
 from zmqrl.envs import env_spec, make_vector_env
 from zmqrl.launch import StopConditions, Supervisor
 from zmqrl.models import build_model
@@ -69,10 +72,27 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def actor_cores(actors: int, pin: bool | None) -> list[int] | None:
+    """The cores the actors are pinned to: the first ``actors`` this process may use,
+    if ``pin`` (None: if that leaves one for the broker and the rest)."""
+    available = sorted(cores.available())
+    if pin is None:
+        pin = len(available) > actors
+    if not pin:
+        return None
+    if len(available) <= actors:
+        raise ValueError(f"--pin needs more cores than actors: {actors} actor(s), "
+                         f"{len(available)} core(s) available")
+    return available[:actors]
+
+
 def topology_rate(topology_path: str, actors: int, envs: int, seconds: float,
-                  with_learner: bool, lanes: int = 1) -> dict[str, float]:
+                  with_learner: bool, lanes: int = 1,
+                  pinned: list[int] | None = None) -> dict[str, float]:
     overrides: dict[str, Any] = {"nodes": {"actor": {
         "replicas": actors, "args": {"envs": envs, "lanes": lanes}}}}
+    if pinned:
+        overrides["nodes"]["actor"]["cores"] = pinned
     if not with_learner:
         overrides["nodes"]["learner"] = {"kind": "sink"}
     topo = load(topology_path, overrides)
@@ -120,20 +140,23 @@ def _steady_mean(rows: list[dict[str, str]], column: str) -> float | None:
 
 def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
               with_learner: bool = False, json_path: str | None = None,
-              lanes: int = 1) -> dict[str, Any]:
+              lanes: int = 1, pin: bool | None = None) -> dict[str, Any]:
     topo = load(topology_path)
+    pinned = actor_cores(actors, pin)
     console = Console(highlight=False)
     console.print(f"no-network limit: 1 process, {actors * envs} envs, {seconds:g}s ...")
     before = no_network_limit(topo, actors * envs, seconds)
     console.print(f"topology: {actors} actors x {envs} envs in {lanes} lane(s), "
-                  f"{'learner' if with_learner else 'sink'} ...")
-    result = topology_rate(topology_path, actors, envs, seconds, with_learner, lanes)
+                  f"{'learner' if with_learner else 'sink'}, actors "
+                  + (f"pinned to cores {pinned}" if pinned else "not pinned") + " ...")
+    result = topology_rate(topology_path, actors, envs, seconds, with_learner, lanes, pinned)
     console.print("no-network limit again ...")
     after = no_network_limit(topo, actors * envs, seconds)
     limit = {key: (before[key] + after[key]) / 2 for key in before}
     rate = result["steps_per_s"]
     report = {"env": topo.env["id"], "actors": actors, "envs_per_actor": envs, "lanes": lanes,
-              "with_learner": with_learner, "limit_steps_per_s": round(limit["steps_per_s"]),
+              "with_learner": with_learner, "actor_cores": pinned,
+              "limit_steps_per_s": round(limit["steps_per_s"]),
               "limit_before_after": [round(before["steps_per_s"]), round(after["steps_per_s"])],
               "topology_steps_per_s": round(rate),
               "ratio": round(rate / limit["steps_per_s"], 3),

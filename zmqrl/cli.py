@@ -11,7 +11,7 @@ from typing import Any
 import click
 import yaml
 
-from zmqrl import launch, security
+from zmqrl import cores, launch, security
 from zmqrl.topology import Topology, TopologyError, load, merge
 
 
@@ -51,6 +51,22 @@ _set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.version_option(package_name="zmqrl")
 def main() -> None:
     """zmqrl: distributed reinforcement learning as ZeroMQ nodes wired by YAML."""
+
+
+def _check_cores(topo: Topology, engine: str) -> None:
+    """Pinning (node field ``cores``) is for nodes this machine runs: refuse it under
+    Ray, and refuse cores this machine does not have, before anything starts."""
+    pinned = sorted(name for name, spec in topo.nodes.items() if spec.cores)
+    if not pinned:
+        return
+    if engine == "ray":
+        raise click.UsageError(f"node(s) {', '.join(pinned)}: 'cores' pins threads on this "
+                               "machine; with --engine ray, Ray places the nodes (use "
+                               "resources.cpus)")
+    problems = [p for host in {s.host for s in topo.nodes.values()}
+                for p in cores.host_errors(topo, host)]
+    if problems:
+        raise click.UsageError(f"{topo.source}: " + "; ".join(problems))
 
 
 @main.command()
@@ -119,6 +135,7 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
     check(directory)
     stop = launch.StopConditions(max_steps=max_steps, max_seconds=max_seconds,
                                  target_return=target_return)
+    _check_cores(topo, engine)
     if engine == "ray":
         import importlib.util
 
@@ -276,12 +293,18 @@ def keys(directory: str, force: bool) -> None:
 @click.option("--with-learner", is_flag=True, help="Keep the learner instead of a sink.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Also write the figures to this file.")
+@click.option("--pin/--no-pin", default=None,
+              help="Give each actor a core of its own (node field 'cores'). Default: "
+                   "when this machine has more cores than actors.")
 def bench(actors: int, envs: int, seconds: float, topology_path: str, lanes: int,
-          with_learner: bool, json_path: str | None) -> None:
+          with_learner: bool, json_path: str | None, pin: bool | None) -> None:
     """SEED acting throughput against the no-network limit, measured in one run."""
     from zmqrl.bench import run_bench
 
-    run_bench(topology_path, actors, envs, seconds, with_learner, json_path, lanes)
+    try:
+        run_bench(topology_path, actors, envs, seconds, with_learner, json_path, lanes, pin)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @main.command()

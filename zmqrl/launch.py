@@ -21,6 +21,7 @@ replay restore their checkpoints and ``metrics/run.csv`` continues where it stop
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -38,7 +39,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from zmqrl import lifetime, sockets, wire
+from zmqrl import cores, lifetime, sockets, wire
 from zmqrl.checkpoint import existing_checkpoints
 from zmqrl.endpoints import supervisor_address
 from zmqrl.labels import label as make_label
@@ -251,6 +252,13 @@ class Supervisor:
                                       stdin=subprocess.DEVNULL, env=env, text=True,
                                       start_new_session=True,
                                       preexec_fn=lifetime.child_preexec)
+        if self.topo.nodes[proc.node].command is not None:
+            # A zmqrl node places its own threads (zmqrl.cores); another program is put
+            # on the shared cores whole, off the cores pinned nodes hold.
+            core_plan = cores.plan(self.topo, proc.node, proc.replica)
+            if core_plan is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(proc.popen.pid, core_plan.shared)
         self.metrics.started(proc.label, proc.node, proc.popen.pid)
         proc.last_heartbeat = proc.started_at = time.monotonic()
         proc.reported_silent = False

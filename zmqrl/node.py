@@ -39,8 +39,9 @@ from typing import Any, ClassVar
 
 import zmq
 
-from zmqrl import lifetime, security, sockets, wire
+from zmqrl import cores, lifetime, security, sockets, wire
 from zmqrl import tensorboard as tb
+from zmqrl.cores import CorePlan
 from zmqrl.endpoints import Endpoints
 from zmqrl.labels import label as make_label
 from zmqrl.metrics import CsvLog
@@ -89,6 +90,7 @@ class NodeContext:
     run_dir: Path
     endpoints: Endpoints
     supervisor: str | None = None  # address of the supervisor's ROUTER, if any
+    cores: CorePlan | None = None  # this process's pinning (zmqrl.cores), if any
 
     @property
     def label(self) -> str:
@@ -529,6 +531,10 @@ class Node:
         try:
             self._open_sockets()
             self.setup()
+            if self.ctx.cores is not None:
+                # Now: the sockets' I/O threads exist and stay on the shared cores.
+                cores.pin_main_thread(self.ctx.cores)
+                self.log.info("cores: %s", cores.describe(self.ctx.cores))
             self._report(wire.HELLO, kind=self.ctx.spec.kind or self.ctx.spec.impl,
                          node=self.ctx.spec.name, replica=self.ctx.replica,
                          incarnation=self.incarnation, pid=os.getpid())
@@ -734,5 +740,6 @@ class Node:
         self._metrics_log.write(row)
         self._board.write(row, self._traffic)
         self._status.write(row, links)
+        cores.keep_others_off(self.ctx.cores)  # e.g. the status writer's thread, new
         self._report(wire.METRICS, row=row, episodes=self.episode_log)
         self.episode_log = []

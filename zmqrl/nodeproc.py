@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zmqrl import lifetime
+from zmqrl import cores, lifetime
 from zmqrl.endpoints import Endpoints
 from zmqrl.labels import label as make_label
 from zmqrl.node import PARENT_PID_ENV, NodeContext
@@ -56,9 +56,15 @@ def run_node(topo: Topology, name: str, replica: int, run_dir: Path,
     except lifetime.LockedError as exc:
         raise SystemExit(f"node {label} already runs in {run_dir} ({exc.holder})") from None
     try:
+        problems = cores.host_errors(topo, spec.host)
+        if problems:
+            raise SystemExit(f"{topo.source}: " + "; ".join(problems))
+        # Before the node makes its ZeroMQ context: the I/O threads inherit the cores.
+        core_plan = cores.plan(topo, name, replica)
+        cores.apply(core_plan)
         cls = load_class(spec.target)
         ctx = NodeContext(topo, spec, replica, Path(run_dir),
-                          endpoints or Endpoints(topo, run_dir), supervisor)
+                          endpoints or Endpoints(topo, run_dir), supervisor, core_plan)
         return cls(ctx).run()
     finally:
         lock.release()

@@ -26,7 +26,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from zmqrl import algo_config, security
+from zmqrl import algo_config, cores, security
 from zmqrl.selfplay import config as selfplay_config
 from zmqrl.selfplay.config import SelfPlayConfig
 
@@ -111,6 +111,10 @@ SCHEMA: dict[str, Any] = {
                         "additionalProperties": {"type": "string", "pattern": r"^\w+\.\w+$"},
                     },
                     "host": {"type": "string"},
+                    # One core per replica for its main thread, kept free of every other
+                    # thread of the run on that host (zmqrl/cores.py).
+                    "cores": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                              "minItems": 1},
                     # What one replica needs where an engine places it (`up --engine
                     # ray`: one placement-group bundle per replica); `up` ignores it.
                     "resources": {
@@ -157,6 +161,7 @@ class NodeSpec:
     args: dict[str, Any] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
     host: str | None = None
+    cores: list[int] = field(default_factory=list)  # zmqrl.cores
     resources: dict[str, Any] = field(default_factory=dict)  # {cpus, gpus, custom}
     restart: str = "on-failure"
     max_restarts: int = 5
@@ -404,6 +409,7 @@ def _semantic_errors(topo: Topology, broken: set[str],
             elif cls is not None and _COMPATIBLE[cls.links[link].socket] != ports[port]:
                 errors.append((where, f"a {cls.links[link].socket} link cannot connect to "
                                       f"'{target}', a {ports[port]} port"))
+    errors += cores.errors(topo)
     errors += _algo_errors(topo.algo)
     errors += _self_play_errors(topo)
     errors += _env_model_errors(topo) if node is None else []
