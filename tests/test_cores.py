@@ -70,6 +70,16 @@ def test_plan_gives_the_replica_its_core_and_the_rest_the_other_cores(tmp_path):
     assert cores.plan(unpinned, "actor", 0) is None
 
 
+def test_bench_pins_the_first_cores_and_leaves_one_for_the_rest():
+    from zmqrl.bench import actor_cores
+
+    assert actor_cores(1, pin=False) is None
+    if len(AVAILABLE) >= 2:
+        assert actor_cores(len(AVAILABLE) - 1, pin=True) == AVAILABLE[:-1]
+    with pytest.raises(ValueError, match="--pin needs more cores than actors"):
+        actor_cores(len(AVAILABLE), pin=True)
+
+
 def _allowed(pid: int, tid: int) -> set[int]:
     """The cores a thread may run on, as the kernel reports them."""
     status = Path(f"/proc/{pid}/task/{tid}/status").read_text()

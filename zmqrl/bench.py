@@ -8,8 +8,8 @@
 2. The topology: the same envs split over ``actors`` actor processes, one inference
    broker batching their requests and assembling unrolls, and a sink in the learner's
    place (so learning does not compete for the two cores; ``--with-learner`` keeps it).
-   Each actor gets a core of its own (``cores``, :mod:`zmqrl.cores`) when the machine
-   has a core to spare for the rest; ``--no-pin`` leaves placement to the scheduler.
+   ``--pin`` gives each actor a core of its own (``cores``, :mod:`zmqrl.cores`); by
+   default the scheduler places every thread, as in every figure in BENCHMARKS.md.
 
 Reported: both rates, their ratio, the broker's batch size (envs per forward pass), the
 actors' request round-trip latency p50/p99, and where the time goes: the limit's split
@@ -72,14 +72,12 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def actor_cores(actors: int, pin: bool | None) -> list[int] | None:
-    """The cores the actors are pinned to: the first ``actors`` this process may use,
-    if ``pin`` (None: if that leaves one for the broker and the rest)."""
-    available = sorted(cores.available())
-    if pin is None:
-        pin = len(available) > actors
+def actor_cores(actors: int, pin: bool) -> list[int] | None:
+    """With ``pin``, the cores the actors are pinned to: the first ``actors`` this
+    process may use (one must be left for the broker and the rest)."""
     if not pin:
         return None
+    available = sorted(cores.available())
     if len(available) <= actors:
         raise ValueError(f"--pin needs more cores than actors: {actors} actor(s), "
                          f"{len(available)} core(s) available")
@@ -140,7 +138,7 @@ def _steady_mean(rows: list[dict[str, str]], column: str) -> float | None:
 
 def run_bench(topology_path: str, actors: int, envs: int, seconds: float,
               with_learner: bool = False, json_path: str | None = None,
-              lanes: int = 1, pin: bool | None = None) -> dict[str, Any]:
+              lanes: int = 1, pin: bool = False) -> dict[str, Any]:
     topo = load(topology_path)
     pinned = actor_cores(actors, pin)
     console = Console(highlight=False)

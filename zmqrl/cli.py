@@ -293,11 +293,11 @@ def keys(directory: str, force: bool) -> None:
 @click.option("--with-learner", is_flag=True, help="Keep the learner instead of a sink.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Also write the figures to this file.")
-@click.option("--pin/--no-pin", default=None,
-              help="Give each actor a core of its own (node field 'cores'). Default: "
-                   "when this machine has more cores than actors.")
+@click.option("--pin", is_flag=True,
+              help="Give each actor a core of its own (node field 'cores'), the rest of "
+                   "the run the other cores.")
 def bench(actors: int, envs: int, seconds: float, topology_path: str, lanes: int,
-          with_learner: bool, json_path: str | None, pin: bool | None) -> None:
+          with_learner: bool, json_path: str | None, pin: bool) -> None:
     """SEED acting throughput against the no-network limit, measured in one run."""
     from zmqrl.bench import run_bench
 

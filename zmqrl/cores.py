@@ -4,8 +4,8 @@ its own, and every other thread of the run on that host stays off those cores.
 A SEED actor is CPU-bound on stepping its envs. Unpinned, the scheduler wakes the
 broker's and the ZeroMQ I/O threads on the actor's core as often as on the other, and
 each wake-up takes the actor off its core for the length of the woken thread's work;
-pinned, the actor's core runs nothing else (``zmqrl bench`` pins by default, see
-BENCHMARKS.md for what it gains). Sample Factory pins its rollout workers for the same
+pinned, the actor's core runs nothing else (``zmqrl bench --pin``; BENCHMARKS.md,
+"Pinning", has what it gains). Sample Factory pins its rollout workers for the same
 reason.
 
 * ``cores: [c0, c1, ...]`` on a node: replica ``i``'s main thread runs on core ``ci``.
