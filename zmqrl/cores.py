@@ -157,5 +157,7 @@ def describe(core_plan: CorePlan | None) -> str:
     """One log line's worth."""
     if core_plan is None:
         return "not pinned"
-    own = f"main thread on core {core_plan.own}, " if core_plan.own is not None else ""
-    return f"{own}other threads on cores {_ranges(core_plan.shared)}"
+    shared = _ranges(core_plan.shared)
+    if core_plan.own is None:
+        return f"every thread on cores {shared} (the others are pinned to nodes)"
+    return f"main thread on core {core_plan.own}, other threads on cores {shared}"
