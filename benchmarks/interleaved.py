@@ -15,8 +15,9 @@ Here both checkouts run at once and take turns:
    ``--settle-s`` the broker's ``env_steps`` is read from its metrics over ``--window-s``,
    then they swap. A stopped run uses no CPU, so each window measures one checkout
    alone.
-2. **No-network limit.** The same with two child processes running each checkout's
-   ``zmqrl.bench.no_network_limit`` loop, each timing its own running windows.
+2. **No-network limit.** The same with two child processes, each running the loop of
+   ``zmqrl.bench.no_network_limit`` (written out below: that function runs for a fixed
+   time) on its checkout's model and envs, each timing its own running windows.
 
 Reported: per checkout the mean rate of each kind, and the ratios this/before of the
 paired windows (mean, 95 % bootstrap interval). ``bench`` ratio this / before =
@@ -42,7 +43,7 @@ SETS = ["nodes.actor.replicas=1", "nodes.actor.args.envs=128", "nodes.actor.args
 
 LIMIT_CHILD = r"""
 import sys, time
-import numpy as np, torch
+import torch
 from zmqrl.envs import env_spec, make_vector_env
 from zmqrl.models import build_model
 from zmqrl.topology import load

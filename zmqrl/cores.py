@@ -106,16 +106,9 @@ def plan(topo: Any, name: str, replica: int) -> CorePlan | None:
 
 def apply(core_plan: CorePlan | None) -> None:
     """Move every thread of this process onto the shared cores (threads started later
-    inherit it); raises ``ValueError`` naming the problem if this machine cannot."""
-    if core_plan is None:
-        return
-    if not core_plan.shared:
-        raise ValueError("'cores' leaves no core for the rest of the run")
-    for tid in _threads():
-        try:
-            os.sched_setaffinity(tid, core_plan.shared)
-        except ProcessLookupError:
-            pass  # a thread that just ended
+    inherit it). :func:`host_errors` has checked that there are some."""
+    if core_plan is not None:
+        _move_threads(core_plan.shared)
 
 
 def pin_main_thread(core_plan: CorePlan | None) -> None:
@@ -131,13 +124,15 @@ def keep_others_off(core_plan: CorePlan | None) -> None:
     A thread inherits its creator's cores, so one the pinned main thread started
     since (a log writer, a thread pool) would share its core: the node runtime calls
     this again with every metrics row."""
-    if core_plan is None or core_plan.own is None:
-        return
-    me = threading.get_native_id()
+    if core_plan is not None and core_plan.own is not None:
+        _move_threads(core_plan.shared, skip=threading.get_native_id())
+
+
+def _move_threads(to: frozenset[int], skip: int | None = None) -> None:
     for tid in _threads():
-        if tid != me:
+        if tid != skip:
             try:
-                os.sched_setaffinity(tid, core_plan.shared)
+                os.sched_setaffinity(tid, to)
             except ProcessLookupError:
                 pass  # a thread that just ended
 
