@@ -69,6 +69,20 @@ SCHEMA: dict[str, Any] = {
         "population": {"type": "object"},
         # self-play against a pool of past policies (zmqrl/selfplay/config.py)
         "self_play": {"type": "object"},
+        # What a run of this topology must reach, read by the tests (tests/expect.py)
+        "expect": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                # mean return of the last 100 episodes; omitted or null: runs only
+                "return": {"type": ["number", "null"]},
+                "seconds": {"type": "number", "exclusiveMinimum": 0},  # bounds a failing run
+                "min_updates": {"type": "integer", "minimum": 0},
+                "set": {"type": "array", "items": {"type": "string"}},  # --set for the test
+                # where this file is run instead (a long or pixel run), with why
+                "tested_by": {"type": "string"},
+            },
+        },
         "algo": {"type": "object", "properties": {"kind": {"type": "string"}}},
         "network": {
             "type": "object",
@@ -184,6 +198,10 @@ class Topology:
     source: str = "<topology>"
     import_paths: list[str] = field(default_factory=list)  # absolute; see load_class
     self_play: dict[str, Any] | None = None  # as written; see acting
+    # The parts an architecture is made of, where not its algorithm's defaults
+    # (zmqrl.parts: behaviour, items, source, updater)
+    parts: dict[str, Any] = field(default_factory=dict)
+    expect: dict[str, Any] = field(default_factory=dict)  # what a test run must reach
 
     @functools.cached_property
     def acting(self) -> SelfPlayConfig | None:
@@ -213,6 +231,9 @@ class Topology:
             out["import_paths"] = self.import_paths
         if self.self_play is not None:
             out["self_play"] = self.self_play
+        for key in ("parts", "expect"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
         return out
 
 
@@ -323,6 +344,8 @@ def from_dict(raw: Any, source: str = "<topology>", *, node: str | None = None) 
         source=source,
         import_paths=raw.get("import_paths", []) if isinstance(raw, dict) else [],
         self_play=raw.get("self_play") if isinstance(raw, dict) else None,
+        parts=raw.get("parts", {}) if isinstance(raw, dict) else {},
+        expect=raw.get("expect", {}) if isinstance(raw, dict) else {},
     )
     errors = [(path, msg) for path, msg in schema_errors]
     errors += _semantic_errors(topo, broken, node)
