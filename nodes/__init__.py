@@ -1,1 +1,1 @@
-"""Node implementations, one module per node kind (see zmqrl.topology.NODE_KINDS)."""
+"""Node implementations, one module per node kind (registered in pyproject.toml: zmqrl.plugins)."""

@@ -1,15 +1,16 @@
 """Learner: trains the model on experience and hands the parameters on.
 
-A learner is a data source x an updater x the algorithm (``zmqrl.learning``), picked
-from the configuration, not from branches here:
+A learner is a data source x an updater x the algorithm (``zmqrl.learning``), each a
+part named by the topology (``topo.parts_config``, :mod:`zmqrl.plugins`), not chosen by
+branches here:
 
-* the source, by the algorithm's family (``topo.algo_config.family``): unroll algorithms (vtrace,
-  a2c, ppo) take unrolls on the ``experience`` port (``UnrollInbox``: from an inference
-  broker, or from local-policy actors as in IMPALA); replay and sequence algorithms
-  (dqn, r2d2) ask the ``replay`` link for batches and send priorities back
-  (``ReplayClient``);
-* the updater, by the links and replicas: a ``param_server`` link (Gorila) pushes
-  gradients there and trains on from the parameters that come back
+* the source, the algorithm's ``source`` unless ``parts.source`` names another: unroll
+  algorithms (vtrace, a2c, ppo) take unrolls on the ``experience`` port (``unrolls``:
+  ``UnrollInbox``, from an inference broker, or from local-policy actors as in IMPALA);
+  replay algorithms (dqn, r2d2, alphazero) ask the ``replay`` link for batches of their
+  item kind and send priorities back (``replay``: ``ReplayClient``);
+* the updater, ``parts.updater`` or else by the links and replicas: a ``param_server``
+  link (Gorila) pushes gradients there and trains on from the parameters that come back
   (``GradientPush``); ``replicas > 1`` without one are data-parallel replicas that
   average gradients over gloo (``AllReduce``: each trains on ``batch_size / replicas``
   columns, all hold identical parameters; they pool the unrolls they receive, since
@@ -40,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zmqrl import wire
-from zmqrl.algo_config import REPLAY_ITEMS, UNROLL, config_type
+from zmqrl import plugins, roles, wire
+from zmqrl.algo_config import Parts, config_type
 from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
 from zmqrl.node import Link, Node
@@ -56,11 +57,6 @@ if TYPE_CHECKING:
     from zmqrl.learning.sources import Source
     from zmqrl.learning.updaters import Updater
 
-# Algorithms whose learner can average gradients over data-parallel replicas.
-_DATA_PARALLEL_ALGOS = frozenset({"ppo"})
-# Algorithms whose learner runs its model's forward pass in a lower ``precision``
-# (torch.autocast; the loss, the optimizer and the parameters stay float32).
-_PRECISION_ALGOS = frozenset({"alphazero"})
 # Data-parallel replicas report a digest of their parameters every this many updates
 # (metrics ``digest_updates``, ``params_digest``): equal digests at equal update counts
 # show that the replicas hold bitwise identical parameters.
@@ -80,6 +76,7 @@ def params_digest(model: torch.nn.Module) -> str:
 class Learner(Node):
     binds = {"experience": "router", "params": "pub"}
     accepts = {"experience": (wire.UNROLL,)}
+    role = roles.LEARNS
     port_hwm = {"params": 4}  # a subscriber that falls behind gets fresh params, not old
     xpub_ports = frozenset({"params"})  # each new subscriber gets the current params at once
     links = {"replay": Link("dealer", required=False),
@@ -98,7 +95,8 @@ class Learner(Node):
         # parameters after each push; k computes on parameters up to k - 1 of our own
         # pushes (and whatever the other learners pushed meanwhile) stale.
         max_pending_grads: int = 1
-        # The training forward pass's arithmetic (algorithms in _PRECISION_ALGOS):
+        # The training forward pass's arithmetic (algorithms whose config says
+        # reduced_precision):
         # float32, bfloat16, float16 on CUDA, or auto (bfloat16 where native).
         # AlphaZero's conv net trains ~1.5x as fast in bfloat16 on a CPU with AVX-512
         # BF16 (BENCHMARKS.md).
@@ -111,22 +109,26 @@ class Learner(Node):
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         kind = topo.algo.get("kind", "vtrace")
         try:
-            family = config_type(kind).family
+            cfg = config_type(kind)
         except ValueError:
             return []  # an unknown algorithm: reported with the algo section
+        parts = Parts.of(cfg, topo.parts)
         where = ("nodes", spec.name, "links")
-        if family != UNROLL and "replay" not in spec.links:
-            return [(where, f"algo '{kind}' learns from a replay: add a 'replay' link")]
-        if family == UNROLL and "replay" in spec.links:
+        if not parts.unrolls and "replay" not in spec.links:
+            return [(where, f"algo '{kind}' learns from a replay ({parts.items}): add a "
+                            "'replay' link")]
+        if parts.unrolls and "replay" in spec.links:
             return [(where, f"algo '{kind}' learns from unrolls on the 'experience' port; "
                             "remove the 'replay' link")]
-        if family == UNROLL and "param_server" in spec.links:
+        if parts.unrolls and "param_server" in spec.links:
             return [(where, f"a 'param_server' link needs a replay algorithm, not '{kind}'")]
         data_parallel = spec.replicas > 1 and "param_server" not in spec.links
-        if data_parallel and kind not in _DATA_PARALLEL_ALGOS:
+        if data_parallel and not cfg.data_parallel:
+            able = [name for name in plugins.names("algo")
+                    if getattr(plugins.resolve("algo", name), "data_parallel", False)]
             return [(("nodes", spec.name, "replicas"),
-                     f"data-parallel learner replicas need algo "
-                     f"{' or '.join(sorted(_DATA_PARALLEL_ALGOS))}, not '{kind}'")]
+                     f"data-parallel learner replicas need algo {' or '.join(able)}, not "
+                     f"'{kind}' (an algorithm's config says data_parallel)")]
         batch = topo.algo.get("batch_size")
         if data_parallel and isinstance(batch, int) and batch % spec.replicas:
             return [(("algo", "batch_size"), f"{batch} does not split evenly over "
@@ -134,10 +136,10 @@ class Learner(Node):
         if spec.args.get("max_pending_grads", 1) < 1:
             return [(("nodes", spec.name, "args", "max_pending_grads"), "must be >= 1")]
         precision = spec.args.get("precision", "float32")
-        if precision != "float32" and kind not in _PRECISION_ALGOS:
+        if precision != "float32" and not cfg.reduced_precision:
             return [(("nodes", spec.name, "args", "precision"),
-                     f"algo '{kind}' trains in float32 only (precision is for "
-                     f"{' or '.join(sorted(_PRECISION_ALGOS))})")]
+                     f"algo '{kind}' trains in float32 only (its config's "
+                     "reduced_precision is False)")]
         from zmqrl.devices import check_precision
 
         problem = check_precision(precision, spec.args.get("device", "auto"))
@@ -154,7 +156,7 @@ class Learner(Node):
         torch.set_num_threads(1)
         topo = self.ctx.topo
         self.cfg = topo.algo_config
-        self.kind, self.family = self.cfg.kind, self.cfg.family
+        self.kind, self.parts = self.cfg.kind, topo.parts_config
         self.device = pick_device(self.args.device, self.ctx.replica)
         self.env = env_spec(topo.env)
         self.model = build_model(topo.model, self.env, topo.seed).to(self.device)
@@ -187,43 +189,25 @@ class Learner(Node):
                       self.cfg.batch_size, precision)
 
     def _make_updater(self) -> Updater:
-        from zmqrl import distributed
-        from zmqrl.learning.updaters import AllReduce, GradientPush, LocalStep
-
+        """``parts.updater`` if the topology names one, else by the links and replicas:
+        a ``param_server`` link (Gorila: replicas are independent learners) pushes
+        gradients there, replicas without one average gradients, else a local step."""
         spec = self.ctx.spec
-        if "param_server" in spec.links:  # Gorila: replicas are independent learners
-            return GradientPush(self, self.check, self.args.max_pending_grads)
-        if spec.replicas > 1:
-            return AllReduce(distributed.rendezvous_address(self.ctx.topo, spec,
-                                                            self.ctx.run_dir),
-                             self.ctx.replica, spec.replicas, self.device)
-        return LocalStep()
+        name = self.parts.updater or ("gradient_push" if "param_server" in spec.links
+                                      else "allreduce" if spec.replicas > 1 else "local")
+        return plugins.resolve("updater", name).for_learner(self)
 
     @property
     def world(self) -> int:
         """Replicas that split each batch (data-parallel), else 1."""
-        from zmqrl.learning.updaters import AllReduce
-
-        return self.ctx.spec.replicas if isinstance(self.updater, AllReduce) else 1
+        return self.ctx.spec.replicas if getattr(self.updater, "data_parallel", False) else 1
 
     def _make_source(self) -> Source:
-        from zmqrl.learning.sources import ReplayClient, SharedUnrollInbox, UnrollInbox
-
-        if self.family == UNROLL:
-            recurrent = getattr(self.model, "recurrent", False)
-            columns = self.cfg.batch_size // self.world
-            if self.world > 1:  # data-parallel: the replicas pool what they receive
-                return SharedUnrollInbox(self, self.check, columns, self.device,
-                                         self.ctx.replica, self.world, recurrent)
-            return UnrollInbox(self, self.check, columns, self.device, recurrent)
-        return ReplayClient(self, self.check, self.cfg.batch_size, self.args.prefetch,
-                            self.device, items=REPLAY_ITEMS[self.family])
+        return plugins.resolve("source", self.parts.source).for_learner(self)
 
     # ----- messages -------------------------------------------------------------------
     def on_experience(self, envelope: list, msg: wire.Message) -> None:
-        from zmqrl.learning.sources import UnrollInbox
-
-        if not isinstance(self.source, UnrollInbox):
+        if not self.parts.unrolls:
             raise wire.ProtocolError(f"this learner ({self.kind}) takes no unrolls")
         self.source.on_message(envelope, msg)
 

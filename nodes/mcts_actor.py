@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from zmqrl import messages, wire
-from zmqrl.algo_config import SEARCH
 from zmqrl.metrics import LatencyReservoir
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.topology import NodeSpec, Topology
@@ -93,7 +92,7 @@ class MCTSActor(Node):
             errors.append(((*where, "args", "precision"), problem))
         try:
             cfg = topo.algo_config
-            if cfg.family != SEARCH:
+            if cfg.items != "positions":  # it ships games' positions
                 errors.append((("algo", "kind"), f"an mcts_actor searches with algo "
                                                  f"'alphazero', not '{cfg.kind}'"))
         except (TypeError, ValueError):

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zmqrl import messages, wire
+from zmqrl import messages, roles, wire
+from zmqrl.algo_config import config_type, learner_type
 from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
 from zmqrl.node import Node
@@ -34,6 +35,8 @@ _GRADS = messages.spec(wire.GRADS)
 
 class ParamServer(Node):
     binds = {"grads": "router", "params": "pub"}
+    accepts = {"grads": (wire.GRADS, wire.GET_PARAMS)}
+    role = roles.APPLIES
     port_hwm = {"params": 4}
     metrics_interval_s = 1.0
 
@@ -49,7 +52,11 @@ class ParamServer(Node):
         from zmqrl.algos import ALGOS  # torch: only `up`, `validate` and this node check it
 
         kind = topo.algo.get("kind", "vtrace")
-        if kind in ALGOS and not hasattr(ALGOS[kind][1], "apply_gradients"):
+        try:
+            learner = learner_type(config_type(kind))
+        except ValueError:
+            learner = None  # reported with the algo section
+        if learner is not None and not hasattr(learner, "apply_gradients"):
             usable = [k for k, (_, learner) in ALGOS.items() if hasattr(learner, "apply_gradients")]
             return [(("algo", "kind"), f"a parameter server cannot apply '{kind}' gradients "
                                        f"(use one of: {', '.join(usable)})")]

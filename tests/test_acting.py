@@ -12,7 +12,6 @@ import torch
 
 from zmqrl import wire
 from zmqrl.acting import (
-    BEHAVIOURS,
     ActingSetup,
     ActorCriticBehaviour,
     EpsilonGreedyBehaviour,
@@ -183,13 +182,24 @@ def test_only_a_prioritized_replay_is_sent_priorities(tmp_path):
     assert replay_samples_by_priority(gorila, "elsewhere.experience")  # unknown: send them
 
 
-def test_every_family_has_one_behaviour_for_broker_and_local_actors():
-    """The table the broker and the local actor both read: one behaviour per family
-    (and A3C's gradient variant), each shipping what its consumer takes."""
-    assert {family for family, _ in BEHAVIOURS} == {"unroll", "replay", "sequence", "search"}
+def test_each_registered_algorithm_names_a_behaviour_shipping_what_its_learner_takes():
+    """Whatever algorithms are registered (built-in or plug-in), the behaviour the broker
+    and the local actor both resolve for each ships what its consumer takes: unrolls to
+    an unroll learner, inserts to a replay, gradients to a parameter server (A3C)."""
+    from zmqrl.algo_config import CONFIGS, UNROLLS
+
+    for kind, cfg in CONFIGS.items():
+        ships = behaviour_for(cfg).ships
+        if cfg.items == UNROLLS:
+            assert ships == wire.UNROLL, kind
+        else:  # a replay's items (a search's actor ships the games itself)
+            assert ships in (wire.INSERT, ""), kind
+        if cfg.gradient_behaviour is not None:
+            assert behaviour_for(cfg, "param_server").ships == wire.GRADS, kind
+    # the shorthand by family still names the built-ins' behaviours
     assert behaviour_for("unroll").ships == wire.UNROLL
     assert behaviour_for("unroll", "param_server").ships == wire.GRADS
     assert behaviour_for("replay").ships == behaviour_for("sequence").ships == wire.INSERT
     assert behaviour_for("search").ships == ""  # it evaluates leaves; the actor ships games
-    with pytest.raises(ValueError, match="no behaviour for a 'replay' algorithm"):
+    with pytest.raises(ValueError, match="no behaviour for a 'transitions' algorithm"):
         behaviour_for("replay", "param_server")

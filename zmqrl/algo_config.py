@@ -4,8 +4,17 @@ Each algorithm's hyperparameters are one dataclass (CleanRL style). ``zmqrl.topo
 parses the ``algo`` section into it when the topology loads (``Topology.algo_config``),
 so every node reads the same values, defaults included: no node repeats a default.
 
-``family`` says what the algorithm learns from, and so which parts a topology is built
-of (``docs/extending.md``):
+Besides its hyperparameters each config declares, as class attributes (:class:`AlgoConfig`),
+the parts it is built of by default — its learner class, the item kind it trains on, the
+behaviour that acts for it, its data source, the model interface it needs, whether it
+may run data-parallel or in reduced precision — each a registered name or an import path
+(:mod:`zmqrl.plugins`), and each but the capabilities overridable in a topology's
+``parts:`` section (:class:`Parts`). An algorithm is registered like any part: an entry
+point in the ``zmqrl.algos`` group naming its config class (zmqrl's own are in its
+pyproject.toml), or ``algo.kind: module:ConfigClass``.
+
+``family`` describes what the algorithm learns from (``docs/extending.md``); nothing
+branches on it to find a part:
 
 * ``unroll``: time-major unrolls of the current policy (actor-critic: V-trace, A2C, PPO);
 * ``replay``: n-step transitions sampled from a replay (DQN: Ape-X, Gorila);
@@ -26,14 +35,43 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from zmqrl import plugins
+
 UNROLL, REPLAY, SEQUENCE, SEARCH = "unroll", "replay", "sequence", "search"
-# The item kind (the ``insert``/``batch`` variant, ``zmqrl.messages``) a replay holds
-# for each family that learns from one.
-REPLAY_ITEMS = {REPLAY: "transitions", SEQUENCE: "sequences", SEARCH: "positions"}
 DEFAULT_KIND = "vtrace"
+# The item kind of unrolls of the current policy (``unroll`` messages to a learner's
+# ``experience`` port); every other item kind is an ``insert``/``batch`` variant that a
+# replay holds (``zmqrl.messages``: transitions, sequences, positions, ...).
+UNROLLS = "unrolls"
+
+
+class AlgoConfig:
+    """What an algorithm's config declares besides its hyperparameters (class
+    attributes, so not fields of the ``algo`` section). Part names are registered short
+    names or ``module:Name`` import paths (:mod:`zmqrl.plugins`)."""
+
+    kind: str
+    family: ClassVar[str] = ""  # a description (docs): nothing is chosen by it
+    # The learner class (config, model, **options) -> object with the Learner
+    # protocol (zmqrl.algos.protocol): an import path, loaded only where a model trains.
+    learner: ClassVar[str] = ""
+    items: ClassVar[str] = UNROLLS  # what it trains on: unrolls, or a replay item kind
+    behaviour: ClassVar[str] = "actor_critic"  # how actors act for it
+    # How actors act when they ship gradients to a parameter server (A3C); None: never
+    gradient_behaviour: ClassVar[str | None] = None
+    source: ClassVar[str] = "unrolls"  # where the learner's batches come from
+    model_interface: ClassVar[str | None] = None  # what the model must provide
+    data_parallel: ClassVar[bool] = False  # its learner may average gradients over replicas
+    reduced_precision: ClassVar[bool] = False  # its learner may train in bfloat16/float16
+
+    def items_per_env_step(self) -> int:
+        """The most items one env's step can complete (n-step transitions: ``n_step``
+        flushed when an episode ends); what sizes a replay's largest insert."""
+        return max(1, int(getattr(self, "n_step", 1)))
+
 
 @dataclass
-class VTraceConfig:
+class VTraceConfig(AlgoConfig):
     """Hyperparameters of the V-trace learner (the topology's ``algo`` section).
 
     The defaults are V-trace and the IMPALA loss as in the paper; the knobs after
@@ -42,6 +80,10 @@ class VTraceConfig:
 
     kind: str = "vtrace"
     family: ClassVar[str] = UNROLL
+    learner: ClassVar[str] = "zmqrl.algos.vtrace:VTraceLearner"
+    behaviour: ClassVar[str] = "actor_critic"
+    gradient_behaviour: ClassVar[str | None] = "a3c_gradients"
+    model_interface: ClassVar[str | None] = "actor_critic"
     unroll: int = 20  # steps per unroll; the broker assembles unrolls this long
     batch_size: int = 32  # env columns (unrolls) per update
     lr: float = 6e-4
@@ -68,11 +110,15 @@ class VTraceConfig:
     ppo_clip: float | None = None
 
 @dataclass
-class A2CConfig:
+class A2CConfig(AlgoConfig):
     """Hyperparameters of the A2C learner (the topology's ``algo`` section)."""
 
     kind: str = "a2c"
     family: ClassVar[str] = UNROLL
+    learner: ClassVar[str] = "zmqrl.algos.a2c:A2CLearner"
+    behaviour: ClassVar[str] = "actor_critic"
+    gradient_behaviour: ClassVar[str | None] = "a3c_gradients"
+    model_interface: ClassVar[str | None] = "actor_critic"
     unroll: int = 5  # steps per unroll
     batch_size: int = 32  # env columns (unrolls) per update
     lr: float = 7e-4
@@ -84,12 +130,17 @@ class A2CConfig:
     normalize_advantages: bool = False
 
 @dataclass
-class PPOConfig:
+class PPOConfig(AlgoConfig):
     """Hyperparameters of the PPO learner (the topology's ``algo`` section). Defaults are
     CleanRL's ``ppo_continuous_action.py`` (MuJoCo)."""
 
     kind: str = "ppo"
     family: ClassVar[str] = UNROLL
+    learner: ClassVar[str] = "zmqrl.algos.ppo:PPOLearner"
+    behaviour: ClassVar[str] = "actor_critic"
+    gradient_behaviour: ClassVar[str | None] = "a3c_gradients"
+    model_interface: ClassVar[str | None] = "actor_critic"
+    data_parallel: ClassVar[bool] = True
     unroll: int = 128  # steps per unroll (T); the broker assembles unrolls this long
     # Env columns per update, summed over all learner ranks (each rank takes its share:
     # batch_size / ranks columns, the same on every rank).
@@ -117,11 +168,16 @@ class PPOConfig:
     light_adam: bool = False
 
 @dataclass
-class DQNConfig:
+class DQNConfig(AlgoConfig):
     """Hyperparameters of the DQN learner (the topology's ``algo`` section)."""
 
     kind: str = "dqn"
     family: ClassVar[str] = REPLAY
+    learner: ClassVar[str] = "zmqrl.algos.dqn:DQNLearner"
+    items: ClassVar[str] = "transitions"
+    behaviour: ClassVar[str] = "epsilon_greedy"
+    source: ClassVar[str] = "replay"
+    model_interface: ClassVar[str | None] = "q"
     batch_size: int = 64  # transitions sampled from replay per update
     lr: float = 2.5e-4  # Adam
     discount: float = 0.99
@@ -133,11 +189,16 @@ class DQNConfig:
     adam_eps: float = 1.5e-4
 
 @dataclass
-class R2D2Config:
+class R2D2Config(AlgoConfig):
     """Hyperparameters of R2D2 (the topology's ``algo`` section)."""
 
     kind: str = "r2d2"
     family: ClassVar[str] = SEQUENCE
+    learner: ClassVar[str] = "zmqrl.algos.r2d2:R2D2Learner"
+    items: ClassVar[str] = "sequences"
+    behaviour: ClassVar[str] = "recurrent_q"
+    source: ClassVar[str] = "replay"
+    model_interface: ClassVar[str | None] = "recurrent_q"
     # L: transitions per replayed sequence (each item also holds obs L to bootstrap).
     sequence_length: int = 40
     # Leading steps of a sequence that only warm the recurrent state up from the stored
@@ -159,6 +220,9 @@ class R2D2Config:
     # zmqrl.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
     # learner start-up (see there).
     light_adam: bool = False
+
+    def items_per_env_step(self) -> int:
+        return 1  # at most one sequence per env completes in a step
 
     def __post_init__(self) -> None:
         errors = self.field_errors(dataclasses.asdict(self))
@@ -204,13 +268,19 @@ class R2D2Config:
 
 
 @dataclass
-class AlphaZeroConfig:
+class AlphaZeroConfig(AlgoConfig):
     """Hyperparameters of AlphaZero (the topology's ``algo`` section): the search the
     actors run (``zmqrl.search``) and the learner's loss (``zmqrl.algos.alphazero``).
     The search defaults suit small board games (tic-tac-toe, connect four)."""
 
     kind: str = "alphazero"
     family: ClassVar[str] = SEARCH
+    learner: ClassVar[str] = "zmqrl.algos.alphazero:AlphaZeroLearner"
+    items: ClassVar[str] = "positions"
+    behaviour: ClassVar[str] = "evaluate"
+    source: ClassVar[str] = "replay"
+    model_interface: ClassVar[str | None] = "policy_value"
+    reduced_precision: ClassVar[bool] = True
     num_simulations: int = 50  # MCTS simulations per move
     c_puct: float = 1.5  # exploration weight of the PUCT rule
     dirichlet_alpha: float = 1.0  # root noise Dir(alpha) over the legal moves ...
@@ -279,16 +349,44 @@ class AlphaZeroConfig:
         return errors
 
 
-CONFIGS: dict[str, type] = {cfg.kind: cfg for cfg in (  # type: ignore[attr-defined]
-    VTraceConfig, A2CConfig, PPOConfig, DQNConfig, R2D2Config, AlphaZeroConfig)}
-AlgoConfig = VTraceConfig | A2CConfig | PPOConfig | DQNConfig | R2D2Config | AlphaZeroConfig
+class _Registered(Mapping[str, type]):
+    """The registered algorithms (``zmqrl.algos`` entry points) -> config class,
+    read-only: what exists is what is installed."""
+
+    def __getitem__(self, kind: str) -> type:
+        if plugins.is_import_path(kind) or kind not in plugins.names("algo"):
+            raise KeyError(kind)
+        return plugins.resolve("algo", kind)
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(plugins.names("algo"))
+
+    def __len__(self) -> int:
+        return len(plugins.names("algo"))
+
+
+CONFIGS: Mapping[str, type] = _Registered()
+
 
 
 def config_type(kind: str) -> type:
-    """The config dataclass of ``algo.kind``; ValueError naming the known kinds."""
-    if kind not in CONFIGS:
-        raise ValueError(f"algo.kind: unknown algorithm '{kind}' (known: {', '.join(CONFIGS)})")
-    return CONFIGS[kind]
+    """The config dataclass of ``algo.kind`` (a short name or ``module:Class``);
+    ValueError naming the known kinds."""
+    try:
+        cls = plugins.resolve("algo", kind)
+    except plugins.PluginError as exc:
+        raise ValueError(f"algo.kind: {exc}") from None
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ValueError(f"algo.kind: '{kind}' is not a config dataclass ({cls!r})")
+    return cls
+
+
+def learner_type(cfg: AlgoConfig | type) -> type:
+    """The learner class an algorithm's config names (imports it: torch)."""
+    try:
+        return plugins.load_path(cfg.learner, part=f"algo {cfg.kind!s} learner")
+    except plugins.PluginError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def parse(algo: Mapping[str, Any]) -> AlgoConfig:
@@ -301,14 +399,43 @@ def errors(algo: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, message) for every unknown key, mistyped value and out-of-range value of
     a topology's ``algo`` section."""
     kind = algo.get("kind", DEFAULT_KIND)
-    if kind not in CONFIGS:
-        return [("kind", f"unknown algorithm '{kind}' (known: {', '.join(CONFIGS)})")]
-    cls = CONFIGS[kind]
+    try:
+        cls = config_type(kind)
+    except ValueError as exc:
+        return [("kind", str(exc).removeprefix("algo.kind: "))]
     found = field_type_errors(cls, algo, kind)
     # Cross-field checks a config may define (R2D2: burn-in < sequence length, ...).
     if not found and hasattr(cls, "field_errors"):
         found += cls.field_errors(algo)
     return found
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The parts a topology's architecture is made of: its algorithm's defaults, each
+    replaced by the topology's ``parts:`` section where it names one. Names are
+    registered short names or import paths (:mod:`zmqrl.plugins`)."""
+
+    behaviour: str  # how actors (and the broker, per connection) act
+    gradient_behaviour: str | None  # how actors act that ship gradients (A3C)
+    items: str  # what the learner trains on ("unrolls" or a replay item kind)
+    source: str  # the learner's data source
+    updater: str | None  # the learner's updater; None: by its links and replicas
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("behaviour", "gradient_behaviour", "items",
+                                         "source", "updater")
+
+    @classmethod
+    def of(cls, cfg: AlgoConfig, overrides: Mapping[str, Any] | None = None) -> Parts:
+        given = dict(overrides or {})
+        return cls(**{name: given.get(name, getattr(cfg, name, None))
+                      for name in cls.FIELDS})
+
+    @property
+    def unrolls(self) -> bool:
+        """Whether the learner takes unrolls on its ``experience`` port (else it samples
+        a replay)."""
+        return self.items == UNROLLS
 
 
 def field_type_errors(dataclass_type: type | None, values: Mapping[str, Any],

@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import importlib
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,22 +25,13 @@ from typing import Any
 import jsonschema
 import yaml
 
-from zmqrl import algo_config, cores, security
+from zmqrl import algo_config, cores, plugins, security
 from zmqrl.selfplay import config as selfplay_config
 from zmqrl.selfplay.config import SelfPlayConfig
 
-# kind -> "module:Class". A topology can also say impl: "pkg.mod:Class" for any other.
-NODE_KINDS = {
-    "actor": "nodes.actor:Actor",
-    "inference_broker": "nodes.inference_broker:InferenceBroker",
-    "learner": "nodes.learner:Learner",
-    "sink": "nodes.sink:Sink",
-    "replay": "nodes.replay:Replay",
-    "param_server": "nodes.param_server:ParamServer",
-    "mcts_actor": "nodes.mcts_actor:MCTSActor",
-    "pbt": "nodes.pbt:PBTController",
-    "league": "nodes.league:League",
-}
+# A node's `kind` is a short name registered in the `zmqrl.nodes` entry-point group
+# (zmqrl's own nodes: its pyproject.toml; zmqrl.plugins); `impl: module:Class` names any
+# other Node subclass.
 RESTART_POLICIES = ("always", "on-failure", "never")
 # Which socket a link's socket may connect to.
 _COMPATIBLE = {"dealer": "router", "sub": "pub", "push": "pull"}
@@ -69,6 +59,14 @@ SCHEMA: dict[str, Any] = {
         "population": {"type": "object"},
         # self-play against a pool of past policies (zmqrl/selfplay/config.py)
         "self_play": {"type": "object"},
+        # The parts of the architecture where not its algorithm's defaults: registered
+        # names or module:Name import paths (zmqrl.algo_config.Parts, zmqrl.plugins)
+        "parts": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {name: {"type": "string", "minLength": 1} for name in
+                           ("behaviour", "gradient_behaviour", "items", "source", "updater")},
+        },
         # What a run of this topology must reach, read by the tests (tests/expect.py)
         "expect": {
             "type": "object",
@@ -183,7 +181,7 @@ class NodeSpec:
     @property
     def target(self) -> str | None:
         """The "module:Class" that implements this node (None for a command)."""
-        return self.impl or (NODE_KINDS.get(self.kind) if self.kind else None)
+        return self.impl or (plugins.import_path("node", self.kind) if self.kind else None)
 
 
 @dataclass
@@ -209,6 +207,12 @@ class Topology:
         section parsed (defaults filled in), or None. ``zmqrl.acting.behaviour_for``
         takes it; parsed once, when the topology loads."""
         return SelfPlayConfig.parse(self.self_play)
+
+    @functools.cached_property
+    def parts_config(self) -> algo_config.Parts:
+        """The parts the architecture is made of: the algorithm's defaults, with the
+        ``parts`` section's choices in their place."""
+        return algo_config.Parts.of(self.algo_config, self.parts)
 
     @functools.cached_property
     def algo_config(self) -> algo_config.AlgoConfig:
@@ -241,9 +245,7 @@ def load_class(target: str, import_paths: list[str] | tuple[str, ...] = ()) -> t
     """The class ``module:Class`` names. ``import_paths`` are searched after the
     installed packages, so a user's ``impl: myactor:MyActor`` beside the topology file
     loads without PYTHONPATH (and cannot shadow an installed module)."""
-    for directory in import_paths:
-        if directory not in sys.path:
-            sys.path.append(directory)
+    plugins.add_import_paths(import_paths)
     module_name, _, class_name = target.partition(":")
     return getattr(importlib.import_module(module_name), class_name)
 
@@ -347,11 +349,15 @@ def from_dict(raw: Any, source: str = "<topology>", *, node: str | None = None) 
         parts=raw.get("parts", {}) if isinstance(raw, dict) else {},
         expect=raw.get("expect", {}) if isinstance(raw, dict) else {},
     )
+    # Every part named by import path is looked for there too (zmqrl.plugins).
+    if isinstance(topo.import_paths, list):
+        plugins.add_import_paths(p for p in topo.import_paths if isinstance(p, str))
     errors = [(path, msg) for path, msg in schema_errors]
     errors += _semantic_errors(topo, broken, node)
     if errors:
         raise TopologyError([f"{source}: {_where(path)}: {msg}" for path, msg in errors])
     topo.algo_config  # noqa: B018  (parsed now: every node reads the same config)
+    topo.parts_config  # noqa: B018
     topo.acting  # noqa: B018
     return topo
 
@@ -384,10 +390,10 @@ def _semantic_errors(topo: Topology, broken: set[str],
     errors: list[tuple[tuple, str]] = []
     classes: dict[str, type] = {}
     for spec in topo.nodes.values():
-        if spec.kind is not None and spec.kind not in NODE_KINDS:
+        if spec.kind is not None and spec.target is None:
             errors.append((("nodes", spec.name, "kind"),
-                           f"unknown kind '{spec.kind}' (known: {', '.join(sorted(NODE_KINDS))}; "
-                           "or use impl: module:Class)"))
+                           f"unknown kind '{spec.kind}' (known: "
+                           f"{', '.join(plugins.names('node'))}; or use impl: module:Class)"))
         elif spec.target:
             try:
                 classes[spec.name] = load_class(spec.target, topo.import_paths)
@@ -447,7 +453,7 @@ def _env_model_errors(topo: Topology) -> list[tuple[tuple, str]]:
     import gymnasium as gym  # heavy, and only needed here
 
     from zmqrl.envs import env_spec
-    from zmqrl.models import MODEL_ALGOS, build_model
+    from zmqrl.models import build_model
 
     env_id = topo.env.get("id")
     if not isinstance(env_id, str):
@@ -462,12 +468,9 @@ def _env_model_errors(topo: Topology) -> list[tuple[tuple, str]]:
         build_model(topo.model, spec)
     except (ValueError, TypeError) as exc:
         return [(("model",), str(exc))]
-    model_kind, algo_kind = topo.model.get("kind", "mlp"), topo.algo.get("kind", "vtrace")
-    serves = MODEL_ALGOS.get(model_kind)
-    if serves is not None and algo_kind not in serves:
-        return [(("model", "kind"), f"model '{model_kind}' cannot serve algo '{algo_kind}' "
-                                    f"(it serves: {', '.join(sorted(serves))})")]
-    return []
+    from zmqrl import contracts  # the parts' protocols: imports torch-side parts
+
+    return contracts.errors(topo)
 
 
 def _network_errors(network: dict[str, Any]) -> list[tuple[tuple, str]]:
@@ -479,8 +482,10 @@ def _network_errors(network: dict[str, Any]) -> list[tuple[tuple, str]]:
 
 
 def _self_play_errors(topo: Topology) -> list[tuple[tuple, str]]:
-    kind = topo.algo.get("kind", algo_config.DEFAULT_KIND)
-    family = getattr(algo_config.CONFIGS.get(kind), "family", None)
+    try:
+        family = algo_config.config_type(topo.algo.get("kind", algo_config.DEFAULT_KIND)).family
+    except ValueError:
+        family = None  # reported with the algo section
     return selfplay_config.errors(topo.self_play, topo.env, family)
 
 

@@ -1,39 +1,48 @@
 """Pure loss functions over tensors, and the learners built from them: no sockets.
 
-``ALGOS`` maps a topology's ``algo.kind`` to (config dataclass, learner class). The
-configs themselves live in :mod:`zmqrl.algo_config` (torch-free, defaults in one place);
-``make_algo`` builds the learner object from a parsed config.
+An algorithm is its config dataclass (:mod:`zmqrl.algo_config`, torch-free, registered in
+the ``zmqrl.algos`` entry-point group or named by import path) and the learner class
+that config names (``Config.learner``); :func:`make_algo` builds the learner object from
+a parsed config. What a learner class must provide is :class:`zmqrl.algos.protocol.Learner`.
+``ALGOS`` is a read-only view of the registered ones.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from zmqrl import algo_config
-from zmqrl.algo_config import REPLAY, SEQUENCE, UNROLL, AlgoConfig
-from zmqrl.algos.a2c import A2CConfig, A2CLearner
-from zmqrl.algos.alphazero import AlphaZeroConfig, AlphaZeroLearner
-from zmqrl.algos.dqn import DQNConfig, DQNLearner
-from zmqrl.algos.ppo import PPOConfig, PPOLearner
-from zmqrl.algos.r2d2 import R2D2Config, R2D2Learner
-from zmqrl.algos.vtrace import VTraceConfig, VTraceLearner
+from zmqrl import algo_config, plugins
+from zmqrl.algo_config import AlgoConfig, learner_type
 
-ALGOS: dict[str, tuple[type, type]] = {
-    "vtrace": (VTraceConfig, VTraceLearner),
-    "a2c": (A2CConfig, A2CLearner),
-    "dqn": (DQNConfig, DQNLearner),
-    "r2d2": (R2D2Config, R2D2Learner),
-    "ppo": (PPOConfig, PPOLearner),
-    "alphazero": (AlphaZeroConfig, AlphaZeroLearner),
-}
-# The kinds of each family (``AlgoConfig.family``): unrolls of the current policy
-# (actor-critic) versus replayed items (Q-learning); sequence algorithms are the replay
-# algorithms whose items are sequences with a stored recurrent state (R2D2).
-UNROLL_ALGOS = frozenset(k for k, (c, _) in ALGOS.items() if c.family == UNROLL)
-REPLAY_ALGOS = frozenset(k for k, (c, _) in ALGOS.items() if c.family in (REPLAY, SEQUENCE))
-SEQUENCE_ALGOS = frozenset(k for k, (c, _) in ALGOS.items() if c.family == SEQUENCE)
+
+class _Registered(Mapping[str, tuple[type, type]]):
+    """Registered ``algo.kind`` -> (config dataclass, learner class)."""
+
+    def __getitem__(self, kind: str) -> tuple[type, type]:
+        cfg = algo_config.CONFIGS[kind]
+        return cfg, learner_type(cfg)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(plugins.names("algo"))
+
+    def __len__(self) -> int:
+        return len(plugins.names("algo"))
+
+
+ALGOS: Mapping[str, tuple[type, type]] = _Registered()
+
+
+def _kinds(items: Any) -> frozenset[str]:
+    return frozenset(k for k, c in algo_config.CONFIGS.items() if items(c.items))
+
+
+# Registered algorithms by what they train on (read once, at import).
+UNROLL_ALGOS = _kinds(lambda items: items == algo_config.UNROLLS)
+REPLAY_ALGOS = _kinds(lambda items: items != algo_config.UNROLLS)
+SEQUENCE_ALGOS = _kinds(lambda items: items == "sequences")
 
 
 def make_algo_config(algo_cfg: dict[str, Any] | AlgoConfig) -> AlgoConfig:
@@ -48,4 +57,4 @@ def make_algo(algo_cfg: dict[str, Any] | AlgoConfig, model: torch.nn.Module,
     """The learner object for ``algo_cfg``; ``extra`` goes to learners that take it
     (``allreduce`` for data-parallel PPO)."""
     cfg = make_algo_config(algo_cfg)
-    return ALGOS[cfg.kind][1](cfg, model, **extra)
+    return learner_type(cfg)(cfg, model, **extra)

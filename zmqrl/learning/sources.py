@@ -50,6 +50,13 @@ class Batch:
 
 
 class Source(Protocol):
+    """A learner's data source (a part: ``zmqrl.sources`` entry points, or
+    ``parts.source: module:Class``). ``for_learner`` builds it for a learner node (its
+    sockets, ``check``, ``model``, ``cfg``, ``device``, ``args``, ``world``)."""
+
+    @classmethod
+    def for_learner(cls, learner: Any) -> Source: ...
+
     def on_message(self, envelope: list, msg: wire.Message) -> None: ...
 
     def next_batch(self, version: int) -> Batch | None: ...
@@ -95,6 +102,17 @@ class UnrollInbox:
         self.episodes = EpisodeStats(window=100)
         self.lags: list[int] = []
         self._rate_mark = (time.monotonic(), 0)
+
+    @classmethod
+    def for_learner(cls, learner: Any) -> UnrollInbox:
+        """The unrolls on the learner's ``experience`` port; data-parallel replicas pool
+        what they receive (:class:`SharedUnrollInbox`)."""
+        recurrent = getattr(learner.model, "recurrent", False)
+        columns = learner.cfg.batch_size // learner.world
+        if learner.world > 1:
+            return SharedUnrollInbox(learner, learner.check, columns, learner.device,
+                                     learner.ctx.replica, learner.world, recurrent)
+        return cls(learner, learner.check, columns, learner.device, recurrent)
 
     def on_message(self, envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.UNROLL:
@@ -307,7 +325,7 @@ class ReplayClient:
         self.prefetch = prefetch
         self.device = device
         self.to_device = HostToDevice(device)  # pinned, non-blocking copies on CUDA
-        self.items = items  # the item kind: zmqrl.algo_config.REPLAY_ITEMS
+        self.items = items  # the item kind (Parts.items): an insert/batch variant
         self.link = link
         self.keys = ITEM_KEYS[items]
         self.batches: deque[wire.Message] = deque()
@@ -315,6 +333,12 @@ class ReplayClient:
         self.rejected = 0  # batches that failed the checks
         self.reconnects = 0
         self.watch = DisconnectWatch(node.sockets[link])
+
+    @classmethod
+    def for_learner(cls, learner: Any) -> ReplayClient:
+        """Batches of the topology's item kind from the learner's ``replay`` link."""
+        return cls(learner, learner.check, learner.cfg.batch_size, learner.args.prefetch,
+                   learner.device, items=learner.ctx.topo.parts_config.items)
 
     def on_message(self, _envelope: list, msg: wire.Message) -> None:
         self.node.expect_reply(msg, wire.BATCH, "the replay")

@@ -31,7 +31,16 @@ Terms = dict[str, float]
 
 
 class Updater(Protocol):
+    """Where a learner's gradients go (a part: ``zmqrl.updaters`` entry points, or
+    ``parts.updater: module:Class``). ``for_learner`` builds it for a learner node."""
+
     algo_options: dict[str, Any]  # extra arguments for make_algo (hooks)
+    # True: the learner's replicas are one data-parallel learner (each trains on its
+    # share of every batch); False: each replica learns on its own.
+    data_parallel: bool
+
+    @classmethod
+    def for_learner(cls, learner: Any) -> Updater: ...
 
     def bind(self, algo: Any, on_update: Callable[[], None]) -> None: ...
 
@@ -57,6 +66,11 @@ class LocalStep:
     """One optimizer step here per batch."""
 
     algo_options: dict[str, Any] = {}
+    data_parallel = False
+
+    @classmethod
+    def for_learner(cls, learner: Any) -> LocalStep:
+        return cls()
 
     def bind(self, algo: Any, on_update: Callable[[], None]) -> None:
         self.algo, self.on_update = algo, on_update
@@ -93,6 +107,13 @@ class AllReduce(LocalStep):
         distributed.init_group(address, rank, world, backend="nccl" if cuda else "gloo")
         self.algo_options = {"allreduce": distributed.mean_allreduce(world)}
 
+    @classmethod
+    def for_learner(cls, learner: Any) -> AllReduce:
+        """Rank ``replica`` of the learner node's replicas."""
+        spec = learner.ctx.spec
+        return cls(distributed.rendezvous_address(learner.ctx.topo, spec, learner.ctx.run_dir),
+                   learner.ctx.replica, spec.replicas, learner.device)
+
     def close(self) -> None:
         distributed.leave_group()
 
@@ -109,6 +130,7 @@ class GradientPush:
     """
 
     algo_options: dict[str, Any] = {}
+    data_parallel = False
 
     def __init__(self, node: Any, check: messages.Context, max_pending: int,
                  link: str = "param_server"):
@@ -124,6 +146,11 @@ class GradientPush:
         self._latest: wire.Message | None = None  # newest reply, not loaded yet
         self._answered = 0  # replies not yet counted as updates
         self.watch = DisconnectWatch(node.sockets[link])
+
+    @classmethod
+    def for_learner(cls, learner: Any) -> GradientPush:
+        """To the learner's ``param_server`` link."""
+        return cls(learner, learner.check, learner.args.max_pending_grads)
 
     def bind(self, algo: Any, on_update: Callable[[], None]) -> None:
         self.algo, self.on_update = algo, on_update

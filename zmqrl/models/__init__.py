@@ -1,73 +1,90 @@
 """Torch networks. ``build_model`` turns a topology's ``model`` section into a module.
 
-``MODEL_KINDS`` maps ``model.kind`` to a class (or a class with its torso chosen)
-taking (EnvSpec, model config); the networks live in one module per family
-(feed-forward, recurrent, conv).
+``model.kind`` is a part like any other (:mod:`zmqrl.plugins`): a short name registered
+in the ``zmqrl.models`` entry-point group (zmqrl's own are in its pyproject.toml) or an
+import path ``module:Name``. Either names a callable taking (EnvSpec, **options) — a
+class or a factory — whose ``interface`` attribute says what the network provides
+(``actor_critic``, ``q``, ``recurrent_q``, ``policy_value``, or a plug-in's own): an
+algorithm's config names the interface its learner needs (``model_interface``), and
+``zmqrl validate`` checks that the two agree. The networks live in one module per
+family (feed-forward, recurrent, conv).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from zmqrl import plugins
 from zmqrl.devices import pick_device  # noqa: F401 (re-exported: nodes import it here)
 from zmqrl.envs import EnvSpec
-from zmqrl.models.board import BoardActorCritic
-from zmqrl.models.conv import (
+from zmqrl.models.board import BoardActorCritic  # noqa: F401 (re-exported)
+from zmqrl.models.conv import (  # noqa: F401 (re-exported)
     ConvActorCritic,
     ConvDuelingQNetwork,
     ConvLSTMActorCritic,
     ConvLSTMQNetwork,
 )
-from zmqrl.models.feedforward import ActorCritic, DuelingQNetwork
-from zmqrl.models.policy_value import PolicyValueConv, PolicyValueMLP
-from zmqrl.models.recurrent import RecurrentActorCritic, RecurrentQNetwork
+from zmqrl.models.feedforward import ActorCritic, DuelingQNetwork  # noqa: F401
+from zmqrl.models.policy_value import PolicyValueConv, PolicyValueMLP  # noqa: F401
+from zmqrl.models.recurrent import RecurrentActorCritic, RecurrentQNetwork  # noqa: F401
 
-MODEL_KINDS: dict[str, Callable[..., nn.Module]] = {
-    "mlp": ActorCritic, "dueling_mlp": DuelingQNetwork}
-MODEL_KINDS["lstm_q"] = RecurrentQNetwork
-MODEL_KINDS["lstm_ac"] = RecurrentActorCritic
-MODEL_KINDS.update(pv_mlp=PolicyValueMLP, pv_conv=PolicyValueConv)  # search (AlphaZero)
-MODEL_KINDS["board_mlp"] = BoardActorCritic  # games: illegal moves masked
+DEFAULT_MODEL = "mlp"
 
 
-def _on_torso(cls: Callable[..., nn.Module], torso: str) -> Callable[..., nn.Module]:
-    """``cls`` with its torso fixed by the kind's name (not an option of the YAML)."""
-    def make(spec: EnvSpec, **options: Any) -> nn.Module:
-        if "torso" in options:
-            raise ValueError("the torso is part of the kind (nature_cnn, impala_cnn, ...); "
-                             "drop the option 'torso'")
-        return cls(spec, torso=torso, **options)
-    return make
+class _Registered(Mapping[str, Callable[..., nn.Module]]):
+    """The registered model kinds (every installed distribution's ``zmqrl.models``
+    entry points), read-only: what exists is what is registered."""
+
+    def __getitem__(self, kind: str) -> Callable[..., nn.Module]:
+        if plugins.is_import_path(kind) or kind not in plugins.names("model"):
+            raise KeyError(kind)
+        return plugins.resolve("model", kind)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(plugins.names("model"))
+
+    def __len__(self) -> int:
+        return len(plugins.names("model"))
 
 
-# Pixels (zmqrl.models.conv): each head on the Nature and the IMPALA torso.
-for _torso in ("nature", "impala"):
-    MODEL_KINDS[f"{_torso}_cnn"] = _on_torso(ConvActorCritic, _torso)
-    MODEL_KINDS[f"{_torso}_cnn_lstm"] = _on_torso(ConvLSTMActorCritic, _torso)
-    MODEL_KINDS[f"dueling_{_torso}_cnn"] = _on_torso(ConvDuelingQNetwork, _torso)
-    MODEL_KINDS[f"{_torso}_cnn_lstm_q"] = _on_torso(ConvLSTMQNetwork, _torso)
+class _Serves(Mapping[str, frozenset[str]]):
+    """Registered model kind -> the registered algorithms it can serve (their config's
+    ``model_interface`` is the model's ``interface``)."""
 
-# The algorithms each model can serve (checked by ``zmqrl validate``): actor-critic
-# heads for the unroll algorithms, Q heads for the replay ones (PPO with a recurrent
-# policy takes minibatches of whole sequences: zmqrl.algos.recurrent_ppo).
-MODEL_ALGOS: dict[str, frozenset[str]] = {
-    "mlp": frozenset({"vtrace", "a2c", "ppo"}),
-    "lstm_ac": frozenset({"vtrace", "a2c", "ppo"}),
-    "board_mlp": frozenset({"vtrace", "a2c", "ppo"}),
-    "dueling_mlp": frozenset({"dqn"}),
-    "lstm_q": frozenset({"r2d2"}),
-    "pv_mlp": frozenset({"alphazero"}), "pv_conv": frozenset({"alphazero"}),
-}
-for _torso in ("nature", "impala"):
-    MODEL_ALGOS[f"{_torso}_cnn"] = MODEL_ALGOS["mlp"]
-    MODEL_ALGOS[f"{_torso}_cnn_lstm"] = MODEL_ALGOS["lstm_ac"]
-    MODEL_ALGOS[f"dueling_{_torso}_cnn"] = MODEL_ALGOS["dueling_mlp"]
-    MODEL_ALGOS[f"{_torso}_cnn_lstm_q"] = MODEL_ALGOS["lstm_q"]
+    def __getitem__(self, kind: str) -> frozenset[str]:
+        interface = model_interface(MODEL_KINDS[kind])
+        return frozenset(name for name in plugins.names("algo")
+                         if getattr(plugins.resolve("algo", name), "model_interface", None)
+                         == interface)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(MODEL_KINDS)
+
+    def __len__(self) -> int:
+        return len(MODEL_KINDS)
+
+
+MODEL_KINDS: Mapping[str, Callable[..., nn.Module]] = _Registered()
+MODEL_ALGOS: Mapping[str, frozenset[str]] = _Serves()
+
+
+def model_type(kind: str, import_paths: tuple[str, ...] | list[str] = ()
+               ) -> Callable[..., nn.Module]:
+    """The callable ``model.kind`` names (ValueError naming the known kinds)."""
+    try:
+        return plugins.resolve("model", kind, import_paths)
+    except plugins.PluginError as exc:
+        raise ValueError(f"model.kind: {exc}") from None
+
+
+def model_interface(make: Any) -> str | None:
+    """What a model kind provides (its ``interface``), or None if it does not say."""
+    return getattr(make, "interface", None)
 
 
 def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray,
@@ -87,18 +104,16 @@ def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np
     return out
 
 
-def build_model(model_cfg: dict[str, Any], spec: EnvSpec, seed: int = 0) -> nn.Module:
-    kind = model_cfg.get("kind", "mlp")
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"model.kind: unknown model '{kind}' (known: {', '.join(MODEL_KINDS)})")
+def build_model(model_cfg: dict[str, Any], spec: EnvSpec, seed: int = 0,
+                import_paths: tuple[str, ...] | list[str] = ()) -> nn.Module:
+    kind = model_cfg.get("kind", DEFAULT_MODEL)
+    make = model_type(kind, import_paths)
     options = {k: v for k, v in model_cfg.items() if k != "kind"}
     torch.manual_seed(seed)  # every process builds the same initial parameters
     try:
-        return MODEL_KINDS[kind](spec, **options)
+        return make(spec, **options)
     except TypeError as exc:  # an option the model does not take
         raise ValueError(f"model ({kind}): {exc}") from None
-
-
 
 
 def state_arrays(model: nn.Module) -> dict:

@@ -17,7 +17,7 @@ pixel values) on the model's device, so frames stay uint8 until then — on the 
 unrolls, in replay and in the learner's batches. It divides whatever the dtype: a model
 is given pixel values; ``scale: 1`` for observations already in [0, 1].
 
-Heads on either torso (model kinds, see ``zmqrl.models.MODEL_KINDS``):
+Heads on either torso (model kinds: the ``zmqrl.models`` entry points at the end):
 
 =========================  =========================================  ==================
 kind                       network                                    algorithms
@@ -38,7 +38,8 @@ Options: the torso's (above, and ``hidden``, ``scale``) and, for the LSTM kinds,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -157,6 +158,8 @@ class ConvActorCritic(nn.Module):
     and a value head. Discrete actions. The API of ``ActorCritic``: ``forward``,
     ``evaluate`` (learner), ``act`` (behaviour), ``state_values`` (bootstraps)."""
 
+    interface = "actor_critic"  # what it provides (zmqrl.models: algo configs need one)
+
     def __init__(self, spec: EnvSpec, torso: str = "nature", **options):
         super().__init__()
         kind = f"{torso}_cnn"
@@ -200,6 +203,8 @@ class ConvDuelingQNetwork(nn.Module):
     """Kinds ``dueling_nature_cnn``, ``dueling_impala_cnn``: a conv torso and a dueling
     head, Q = V + A - mean_a A (Wang et al. 2016). The API of ``DuelingQNetwork``."""
 
+    interface = "q"  # what it provides (zmqrl.models: algo configs need one)
+
     def __init__(self, spec: EnvSpec, torso: str = "nature", **options):
         super().__init__()
         kind = f"dueling_{torso}_cnn"
@@ -237,3 +242,25 @@ class ConvLSTMQNetwork(LSTMQNetwork):
         body = _torso(torso, spec, kind, options)
         super().__init__(spec, kind, body, body.features, lstm)
 
+
+
+def _on_torso(cls: type[nn.Module], torso: str, interface: str) -> Callable[..., nn.Module]:
+    """``cls`` with its torso fixed by the kind's name (not an option of the YAML)."""
+    def make(spec: EnvSpec, **options: Any) -> nn.Module:
+        if "torso" in options:
+            raise ValueError("the torso is part of the kind (nature_cnn, impala_cnn, ...); "
+                             "drop the option 'torso'")
+        return cls(spec, torso=torso, **options)
+    make.interface = interface  # type: ignore[attr-defined]  (see zmqrl.models)
+    return make
+
+
+# The model kinds on each torso: entry points of zmqrl's pyproject.toml (zmqrl.models).
+nature_cnn = _on_torso(ConvActorCritic, "nature", "actor_critic")
+impala_cnn = _on_torso(ConvActorCritic, "impala", "actor_critic")
+nature_cnn_lstm = _on_torso(ConvLSTMActorCritic, "nature", "actor_critic")
+impala_cnn_lstm = _on_torso(ConvLSTMActorCritic, "impala", "actor_critic")
+dueling_nature_cnn = _on_torso(ConvDuelingQNetwork, "nature", "q")
+dueling_impala_cnn = _on_torso(ConvDuelingQNetwork, "impala", "q")
+nature_cnn_lstm_q = _on_torso(ConvLSTMQNetwork, "nature", "recurrent_q")
+impala_cnn_lstm_q = _on_torso(ConvLSTMQNetwork, "impala", "recurrent_q")

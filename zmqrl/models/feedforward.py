@@ -83,6 +83,8 @@ class ActorCritic(nn.Module):
     ``forward`` (logits or Gaussian mean, and values).
     """
 
+    interface = "actor_critic"  # what it provides (zmqrl.models: algo configs need one)
+
     def __init__(self, spec: EnvSpec, hidden: Sequence[int] = (64, 64),
                  log_std: str = "state_independent", log_std_init: float = 0.0,
                  squash: str = "clip", obs_norm: bool = False):
@@ -271,6 +273,8 @@ class DuelingQNetwork(nn.Module):
     A shared ReLU MLP torso feeds a value stream V(s) [N] and an advantage stream
     A(s, a) [N, A]; Q(s, a) = V(s) + A(s, a) - mean_a A(s, a).
     """
+
+    interface = "q"  # what it provides (zmqrl.models: algo configs need one)
 
     def __init__(self, spec: EnvSpec, hidden: Sequence[int] = (64, 64)):
         super().__init__()

@@ -31,6 +31,8 @@ def _actions(spec: EnvSpec) -> int:
 
 
 class PolicyValue(nn.Module):
+    interface = "policy_value"  # what it provides (zmqrl.models: algo configs need one)
+
     @torch.inference_mode()
     def predict(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self(obs)

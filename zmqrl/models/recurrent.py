@@ -74,6 +74,8 @@ class LSTMQNetwork(nn.Module):
     Discrete actions only. Subclasses build the torso (an MLP here, a conv net in
     ``zmqrl.models.conv``) and say in :meth:`encode` how it reads observations."""
 
+    interface = "recurrent_q"  # what it provides (zmqrl.models: algo configs need one)
+
     recurrent = True  # nodes and learners check getattr(model, "recurrent", False)
 
     def __init__(self, spec: EnvSpec, kind: str, torso: nn.Module, features: int, lstm: int):
@@ -140,6 +142,8 @@ class LSTMActorCritic(nn.Module):
     ``state_values``, so a stateless caller fails loudly rather than silently acting
     without memory.
     """
+
+    interface = "actor_critic"  # what it provides (zmqrl.models: algo configs need one)
 
     recurrent = True
 

@@ -25,7 +25,7 @@ SECTION = "self_play"
 class SelfPlayConfig:
     """Knobs of self-play with an opponent pool (OpenAI Five's defaults where it has one)."""
 
-    behaviour: ClassVar[str] = "zmqrl.acting.self_play:SelfPlayBehaviour"
+    behaviour: ClassVar[str] = "self_play"  # a registered behaviour (zmqrl.plugins)
     family: ClassVar[str] = UNROLL  # what the behaviour ships: unrolls of the learner's moves
     snapshot_every: int = 20  # parameter versions between snapshots of the policy
     pool_size: int = 20  # snapshots kept (the newest)

@@ -1,0 +1,150 @@
+"""The contracts between parts, as code: what each part must provide, checked when a
+topology loads (``zmqrl up``, ``zmqrl validate``).
+
+Every part a topology names (:mod:`zmqrl.plugins`) is resolved here and held to its
+protocol, so a plug-in that lacks a method is a ``validate`` error naming the part and
+the method, not a traceback in a node minutes into a run:
+
+* an algorithm: its config is a dataclass (:class:`zmqrl.algo_config.AlgoConfig`'s
+  attributes) whose ``learner`` class has :class:`Learner`'s methods;
+* a model: its ``interface`` is the one the algorithm's config needs;
+* a behaviour: a :class:`zmqrl.acting.Behaviour` subclass that defines each of
+  :data:`BEHAVIOUR_METHODS`;
+* a data source and an updater: :class:`zmqrl.learning.sources.Source` and
+  :class:`zmqrl.learning.updaters.Updater`;
+* the item kind: an ``insert``/``batch`` variant declared in :mod:`zmqrl.messages`.
+
+This imports the torch-side parts: only the full check (not a node's own start) runs it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from zmqrl import algo_config, messages, plugins, wire
+
+if TYPE_CHECKING:
+    from zmqrl.topology import Topology
+
+Errors = list[tuple[tuple, str]]
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """What an algorithm's learner object provides (built as ``Learner(cfg, model,
+    **options)``). ``update`` trains on one batch and returns its loss terms (a dict of
+    floats), or (terms, new priorities) when it learns from a prioritized replay.
+    Optional: ``optimizer`` (PBT sets its learning rate), ``gradients(batch)`` and
+    ``apply_gradients(grads)`` (Gorila learners, A3C workers, the parameter server)."""
+
+    def update(self, batch: Mapping[str, Any]) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+# What every behaviour defines (zmqrl.acting.behaviour): the rest has defaults there.
+BEHAVIOUR_METHODS = ("inputs", "forward", "record", "_outcome")
+SOURCE_METHODS = ("for_learner", "on_message", "next_batch", "done", "poll", "lost",
+                  "close", "metrics", "state", "restore")
+UPDATER_METHODS = ("for_learner", "bind", "ready", "step", "poll", "lost", "metrics",
+                   "close")
+
+
+def _missing(cls: type, names: tuple[str, ...], base: type | None = None) -> list[str]:
+    """The methods of ``names`` that ``cls`` lacks (or inherits unchanged from ``base``,
+    whose versions only raise NotImplementedError)."""
+    return [n for n in names if not callable(getattr(cls, n, None))
+            or (base is not None and getattr(cls, n) is getattr(base, n, None))]
+
+
+def _learner_missing(cls: type) -> list[str]:
+    return [n for n in ("update", "state_dict", "load_state_dict")
+            if not callable(getattr(cls, n, None))]
+
+
+def errors(topo: Topology) -> Errors:
+    """Every part of ``topo`` resolved and held to its contract."""
+    found: Errors = []
+    try:
+        cfg = topo.algo_config
+    except (TypeError, ValueError):
+        return []  # the algo section's own errors are reported with it
+    parts = topo.parts_config
+    where_algo = ("algo", "kind")
+
+    try:
+        learner = algo_config.learner_type(cfg)
+    except ValueError as exc:
+        found.append((where_algo, str(exc)))
+    else:
+        if not inspect.isclass(learner):
+            found.append((where_algo, f"{cfg.learner} is not a class"))
+        else:
+            found += [(where_algo, f"learner {cfg.learner} lacks the method '{name}' "
+                                   "(zmqrl.contracts.Learner)")
+                      for name in _learner_missing(learner)]
+
+    from zmqrl.acting import Behaviour, behaviour_type
+
+    try:
+        acting = topo.acting
+    except (TypeError, ValueError):
+        acting = None  # the self_play section's own errors are reported with it
+    behaviours = [("behaviour", acting.behaviour if acting is not None else parts.behaviour)]
+    if parts.gradient_behaviour is not None:
+        behaviours.append(("gradient_behaviour", parts.gradient_behaviour))
+    for field, name in behaviours:
+        where = ("parts", field)
+        try:
+            cls = behaviour_type(name)
+        except plugins.PluginError as exc:
+            found.append((where, str(exc)))
+            continue
+        found += [(where, f"behaviour '{name}' does not define '{method}' "
+                          "(zmqrl.acting.Behaviour)")
+                  for method in _missing(cls, BEHAVIOUR_METHODS, Behaviour)]
+
+    for field, methods in (("source", SOURCE_METHODS), ("updater", UPDATER_METHODS)):
+        name = getattr(parts, field)
+        if name is None:
+            continue  # the updater: chosen by the learner's links and replicas
+        try:
+            cls = plugins.resolve(field, name)
+        except plugins.PluginError as exc:
+            found.append((("parts", field), str(exc)))
+            continue
+        found += [(("parts", field), f"{field} '{name}' lacks the method '{method}'")
+                  for method in _missing(cls, methods)]
+
+    if not parts.unrolls:
+        try:
+            messages.spec(wire.INSERT, parts.items)
+            messages.spec(wire.BATCH, parts.items)
+        except (KeyError, ValueError):
+            found.append((("parts", "items"), f"'{parts.items}' is no item kind zmqrl.messages "
+                                              "declares (insert and batch variants)"))
+    found += _model_errors(topo, cfg)
+    return found
+
+
+def _model_errors(topo: Topology, cfg: Any) -> Errors:
+    from zmqrl.models import DEFAULT_MODEL, model_interface, model_type
+
+    kind = topo.model.get("kind", DEFAULT_MODEL)
+    try:
+        make = model_type(kind)
+    except ValueError:
+        return []  # reported when the model is built
+    need, has = getattr(cfg, "model_interface", None), model_interface(make)
+    if need is None or has == need:
+        return []
+    serves = [name for name in plugins.names("algo") if has is not None and
+              getattr(plugins.resolve("algo", name), "model_interface", None) == has]
+    return [(("model", "kind"), f"model '{kind}' cannot serve algo '{cfg.kind}' (it serves: "
+                                f"{', '.join(serves) or 'no registered algorithm'}): it "
+                                f"provides {has or 'no interface'!s}, the algorithm needs "
+                                f"{need}")]
