@@ -8,7 +8,7 @@ of two drivers (``args.policy``):
   it never runs a model.
 * ``local`` (IMPALA, A3C, Ape-X, Gorila, R2D2): :class:`zmqrl.acting.local.LocalActing`
   acts with a local copy of the model, refreshed from the ``params`` link, through the
-  behaviour the algorithm's family names (``zmqrl.acting.BEHAVIOURS``) with one
+  behaviour the topology's parts name (``zmqrl.acting.behaviour_for``) with one
   connection, and ships its items: to ``experience`` (a learner or replay) or, as
   gradients, to a ``param_server`` (A3C).
 
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl import wire
+from zmqrl import roles, wire
 from zmqrl.acting import EpisodeTracker, RewardScaler, apex_epsilon
-from zmqrl.algo_config import UNROLL
+from zmqrl.acting.envs import behaviour_args
 from zmqrl.envs import env_action, env_spec, make_vector_env
 from zmqrl.metrics import EpisodeStats
 from zmqrl.node import Link, Node
@@ -34,6 +34,7 @@ from zmqrl.topology import NodeSpec, Topology
 
 
 class Actor(Node):
+    role = roles.ACTS
     links = {
         "policy": Link("dealer", required=False),
         "experience": Link("dealer", required=False, immediate=True),
@@ -50,6 +51,9 @@ class Actor(Node):
         epsilon: float | None = None  # Q-learning: fixed ε; default Ape-X's schedule over replicas
         epsilon_base: float = 0.4
         epsilon_alpha: float = 7.0
+        # Arguments for the behaviour, by name: numbers or per-replica schedules
+        # (zmqrl.acting.envs.behaviour_args); each behaviour reads those it knows.
+        behaviour_args: dict | None = None
         max_outbox: int = 2
         # Replay actors: transitions held back until this many go in one insert message
         # (Ape-X's local buffer): fewer, larger messages for the actor and the replay.
@@ -67,8 +71,21 @@ class Actor(Node):
         normalize_reward: bool = False
 
     @classmethod
+    def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
+        """One step's items of all its envs (a local policy inserts them itself)."""
+        try:
+            envs = cls.Args(**spec.args).envs
+        except TypeError:
+            return None  # its args' own errors are reported with them
+        return int(envs) * topo.algo_config.items_per_env_step()
+
+    @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         """Which links a driver needs (checked by ``zmqrl validate``)."""
+        try:
+            behaviour_args(spec.args.get("behaviour_args"), 0, spec.replicas)
+        except ValueError as exc:
+            return [(("nodes", spec.name, "args", "behaviour_args"), str(exc))]
         policy = spec.args.get("policy", "remote")
         where = ("nodes", spec.name, "links")
         if spec.args.get("envs", 8) < 1:
@@ -86,10 +103,13 @@ class Actor(Node):
         if "experience" not in spec.links and "param_server" not in spec.links:
             return [(where, "policy: local needs an 'experience' link (learner or replay) or "
                             "a 'param_server' link (A3C worker)")]
-        family = topo.algo_config.family
-        if "param_server" in spec.links and family != UNROLL:
-            return [(where, f"a 'param_server' worker needs an actor-critic algo, not "
-                            f"'{topo.algo_config.kind}'")]
+        try:
+            gradients = topo.parts_config.gradient_behaviour
+        except (TypeError, ValueError):
+            return []  # the algo section's own errors are reported with it
+        if "param_server" in spec.links and gradients is None:
+            return [(where, f"a 'param_server' worker needs an algo whose actors can ship "
+                            f"gradients (a gradient_behaviour), not '{topo.algo_config.kind}'")]
         return []
 
     def setup(self) -> None:
@@ -130,6 +150,14 @@ class Actor(Node):
             reward = scaler(reward, terminated | truncated)
         return obs.astype(self.spec.obs_dtype, copy=False), reward, terminated, truncated, \
             info, returns, lengths
+
+    def behaviour_args(self) -> dict[str, float]:
+        """This replica's behaviour arguments (logged once)."""
+        args = behaviour_args(self.args.behaviour_args, self.ctx.replica,
+                              self.ctx.spec.replicas)
+        if args:
+            self.log.info("behaviour args %s", ", ".join(f"{k} {v:.4g}" for k, v in args.items()))
+        return args
 
     def epsilon(self) -> float:
         """This actor's ε: ``epsilon`` if set, else Ape-X's schedule over the replicas;

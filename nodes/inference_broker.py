@@ -1,7 +1,7 @@
 """Inference broker (SEED RL): batches every actor connection's envs through one model.
 
 The broker is a batching core over behaviours (``zmqrl.acting``): it keeps one
-behaviour per actor connection, the one the algorithm's family names, and each loop
+behaviour per actor connection, the one the topology's parts name, and each loop
 turn takes every ``step`` that has arrived (never waiting for more unless
 ``max_wait_ms`` says so: waiting was the slowest policy measured), runs the model once
 per batch of up to ``max_batch`` envs over all those connections
@@ -26,18 +26,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zmqrl import messages, wire
+from zmqrl import messages, roles, wire
 from zmqrl.acting import ActingSetup, Behaviour, EpisodeLog, act_batched, behaviour_for
 from zmqrl.acting.params import ParamsFollower
 from zmqrl.envs import env_spec
 from zmqrl.metrics import LatencyReservoir
 from zmqrl.node import Link, Node, Outbox
-from zmqrl.topology import NodeSpec, Topology
+from zmqrl.topology import NodeSpec, Topology, load_class
 
 
 class InferenceBroker(Node):
     binds = {"policy": "router"}
     accepts = {"policy": (wire.STEP,)}
+    role = roles.SERVES
     # Items go out under the consumer's credit (see Outbox); IMMEDIATE keeps them here,
     # not in a ZeroMQ queue, while no consumer is connected.
     links = {"params": Link("sub", required=False, hwm=4),
@@ -60,6 +61,20 @@ class InferenceBroker(Node):
         # half the time in bfloat16 on a CPU with AVX-512 BF16; an MLP as small as
         # SEED's CartPole one is bound by per-call overhead and gains nothing.
         precision: str = "float32"
+
+    @classmethod
+    def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
+        """One connection's worth: the most envs a node linked to our ``policy`` port
+        steps (its ``envs`` argument) times the items one env's step completes."""
+        served = []
+        for other in topo.nodes.values():
+            if other.links.get("policy") != f"{spec.name}.policy" or other.target is None:
+                continue
+            try:
+                served.append(int(load_class(other.target).Args(**other.args).envs))
+            except (ImportError, AttributeError, TypeError, ValueError):
+                continue  # no envs argument to read (or its own errors, reported there)
+        return max(served, default=1) * topo.algo_config.items_per_env_step()
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -88,7 +103,7 @@ class InferenceBroker(Node):
         self.model = build_model(topo.model, self.spec, topo.seed).to(self.device)
         self.model.eval()
         cfg = topo.algo_config
-        self.behaviour_type = behaviour_for(cfg.family, acting=topo.acting)
+        self.behaviour_type = behaviour_for(topo.parts_config, acting=topo.acting)
         self.cfg = cfg
         self.unroll = getattr(cfg, "unroll", 0)  # (for the log line and tests)
         self.step_check = messages.Context.from_env(self.spec)

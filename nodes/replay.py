@@ -44,8 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from zmqrl import algo_config, messages, wire
-from zmqrl.algo_config import SEQUENCE
+from zmqrl import messages, wire
 from zmqrl.checkpoint import NPZ, Checkpointer, node_checkpoint
 from zmqrl.envs import env_spec
 from zmqrl.node import Node
@@ -61,6 +60,7 @@ _LIMITER_PREFIX = "limiter/"  # rate limiter counters in the checkpoint; the res
 
 class Replay(Node):
     binds = {"experience": "router", "sample": "router"}
+    accepts = {"experience": (wire.INSERT,), "sample": (wire.SAMPLE, wire.PRIORITIES)}
     port_hwm = {"experience": 16}
     metrics_interval_s = 1.0
 
@@ -81,6 +81,12 @@ class Replay(Node):
         # sample requests held back by the rate limiter: per peer, and in all
         max_waiting_per_peer: int = 16
         max_waiting: int = 1024
+
+    @classmethod
+    def samples_by_priority(cls, spec: NodeSpec) -> bool:
+        """Whether this replay samples by priority, so that inserts should carry |δ|
+        (``zmqrl.acting.q_learning.replay_samples_by_priority`` asks)."""
+        return spec.args.get("sampler", "uniform") == "prioritized"
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -118,13 +124,11 @@ class Replay(Node):
         # What producers must insert: the item kind of the algorithm's family (n-step
         # transitions, R2D2's sequences, AlphaZero's positions); the declarations are
         # zmqrl.messages'.
-        family = topo.algo_config.family
-        sequences = family == SEQUENCE
-        self.insert_spec = messages.spec(wire.INSERT,
-                                         algo_config.REPLAY_ITEMS.get(family, "transitions"))
+        items = topo.parts_config.items
+        self.insert_spec = messages.spec(wire.INSERT, items)
         self.checks = messages.Context.from_env(
             env_spec(topo.env),
-            sequence_length=topo.algo_config.sequence_length if sequences else None)
+            sequence_length=getattr(topo.algo_config, "sequence_length", None))
         self.waiting_samples = WaitingSamples(a.max_waiting_per_peer, a.max_waiting)
         self.waiting_insert: tuple[list, wire.Message, int] | None = None
         self._mark = (time.monotonic(), 0, 0)
@@ -294,32 +298,16 @@ class Replay(Node):
 
 def largest_insert(name: str, topo: Topology) -> int:
     """The most items one insert into replay ``name`` can carry, as far as the topology
-    tells: an ε-greedy actor sends one step's transitions, up to ``n_step`` per env when
-    episodes end (each env flushes all it holds); a recurrent one at most one sequence
-    per env; a broker one connection's worth (one actor's envs). 1 for producers it
-    cannot see into (``impl:``, ``command:``)."""
-    try:
-        cfg = algo_config.parse(topo.algo)
-    except (TypeError, ValueError, KeyError):
-        return 1  # the algo section's own errors are reported elsewhere
-    per_env = 1 if cfg.family == SEQUENCE else int(getattr(cfg, "n_step", 1))
-
-    def envs(spec: NodeSpec) -> int:
-        if spec.kind != "actor":
-            return 0
-        try:
-            return int(load_class(spec.target).Args(**spec.args).envs)
-        except (TypeError, ValueError):
-            return 0
-
+    tells: the largest any producer linked to its ``experience`` port declares
+    (``Node.largest_insert``: an actor one step's items of all its envs, a broker one
+    connection's worth); 1 for producers that cannot tell (``command:`` nodes)."""
     largest = 1
     for spec in topo.nodes.values():
-        if spec.links.get("experience") != f"{name}.experience":
+        if spec.links.get("experience") != f"{name}.experience" or spec.target is None:
             continue
-        if spec.kind == "actor":
-            largest = max(largest, envs(spec) * per_env)
-        elif spec.kind == "inference_broker":
-            served = [envs(a) for a in topo.nodes.values()
-                      if a.links.get("policy") == f"{spec.name}.policy"]
-            largest = max(largest, max(served, default=1) * per_env)
+        try:
+            found = load_class(spec.target).largest_insert(spec, topo)
+        except (ImportError, AttributeError, TypeError, ValueError):
+            found = None  # the topology check reports a class it cannot load
+        largest = max(largest, found or 1)
     return largest

@@ -8,6 +8,7 @@ from zmqrl.node import Node
 
 class Sink(Node):
     binds = {"experience": "router", "params": "pub"}
+    accepts = {"experience": (wire.UNROLL,)}
     metrics_interval_s = 1.0
 
     def setup(self) -> None:

@@ -56,6 +56,8 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 # Value rules, for fields and arrays alike: the text that names them in docs and errors.
+# A step's behaviour arguments (``args``): few, short names, bounded values.
+MAX_BEHAVIOUR_ARGS, MAX_BEHAVIOUR_ARG = 32, 1e6
 RULES: dict[str, str] = {
     "finite": "finite (no NaN or inf)",
     "nonneg": "finite and >= 0",
@@ -64,6 +66,8 @@ RULES: dict[str, str] = {
     "action": "inside the action space",  # discrete: ints in [0, A); Box: finite floats
     "row": "a map from str to a number or str",
     "numbers": "a list of finite numbers",
+    "behaviour_args": f"at most {MAX_BEHAVIOUR_ARGS} names (of at most 64 characters) to "
+                      f"numbers within ±{MAX_BEHAVIOUR_ARG:g}",
 }
 
 # Array dtypes: concrete numpy names, or a symbol the context resolves.
@@ -258,6 +262,9 @@ MESSAGES: tuple[MessageSpec, ...] = (
         "node → supervisor",
         fields=(_LABEL,
                 Field("kind", "str", doc="node kind, or its `impl` string"),
+                Field("role", "str", False, doc="what the run counts the node for "
+                      "(`zmqrl/roles.py`): `acts`, `serves`, `learns`, `applies`; "
+                      "absent or empty: nothing"),
                 Field("node", "str", doc="node name"),
                 Field("replica", "int", rule="nonneg", doc="replica index"),
                 Field("incarnation", "str", doc="random hex, new for every start"),
@@ -302,7 +309,10 @@ MESSAGES: tuple[MessageSpec, ...] = (
         fields=(Field("seq", "int", doc="incremented by one per step sent (zmqrl starts "
                                         "at 1), echoed in `act`"),
                 Field("epsilon", "number", False, "unit",
-                      "Q-learning topologies: this actor's exploration rate")),
+                      "this actor's exploration rate (behaviours that explore by ε)"),
+                Field("args", "map", False, "behaviour_args",
+                      "this actor's behaviour arguments: names to finite numbers "
+                      "(at most 32)")),
         arrays=(
             Array("obs", "obs", ("n", "*obs"), rules=("finite",),
                   doc="current observation of each env"),
@@ -524,6 +534,10 @@ def _rule_ok(rule: str, value: Any) -> bool:
                    for k, v in value.items())
     if rule == "numbers":
         return all(type(v) in (int, float) and math.isfinite(v) for v in value)
+    if rule == "behaviour_args":
+        return len(value) <= MAX_BEHAVIOUR_ARGS and all(
+            type(k) is str and len(k) <= 64 and type(v) in (int, float)
+            and abs(v) <= MAX_BEHAVIOUR_ARG for k, v in value.items())  # NaN fails
     raise ValueError(f"unknown field rule {rule!r}")
 
 

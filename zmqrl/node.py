@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 import zmq
 
-from zmqrl import cores, lifetime, security, sockets, wire
+from zmqrl import cores, lifetime, roles, security, sockets, wire
 from zmqrl import tensorboard as tb
 from zmqrl.cores import CorePlan
 from zmqrl.endpoints import Endpoints
@@ -58,18 +58,6 @@ MAX_POLL_MS = 100
 # process is gone, checked this often (and signalled by the kernel, see lifetime.py).
 PARENT_PID_ENV = "ZMQRL_PARENT_PID"
 PARENT_CHECK_S = 0.5
-# What the built-in nodes' ports take (docs/protocol.md §1), until each node class
-# declares its own ``accepts``.
-DEFAULT_ACCEPTS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("inference_broker", "policy"): (wire.STEP,),
-    ("learner", "experience"): (wire.UNROLL,),
-    ("replay", "experience"): (wire.INSERT,),
-    ("replay", "sample"): (wire.SAMPLE, wire.PRIORITIES),
-    ("param_server", "grads"): (wire.GRADS, wire.GET_PARAMS),
-    ("sink", "experience"): (wire.UNROLL,),
-}
-
-
 @dataclass(frozen=True)
 class Link:
     """A socket a node connects to another node's bound port."""
@@ -261,8 +249,10 @@ class Node:
     # reads the frames itself; the runtime then leaves the socket alone.)
     xpub_ports: ClassVar[frozenset[str]] = frozenset()
     # Message types each bound ROUTER port takes (besides ping and describe), for
-    # ``describe``; a port not listed here falls back to DEFAULT_ACCEPTS.
+    # ``describe``.
     accepts: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # What the run counts this node for (zmqrl.roles), said in its hello.
+    role: ClassVar[str] = roles.NONE
     links: ClassVar[dict[str, Link]] = {}
     Args: ClassVar[type] = NoArgs
     metrics_interval_s: ClassVar[float] = 2.0
@@ -323,6 +313,13 @@ class Node:
         # ZMQRL_PARENT_PID): see zmqrl.lifetime.
         parent = os.environ.pop(PARENT_PID_ENV, None)  # not for processes we start
         self._parent = lifetime.ParentWatch(int(parent)) if parent else None
+
+    @classmethod
+    def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
+        """The most items one ``insert`` of this node (on its ``experience`` link) can
+        carry, as far as the topology tells; None: it cannot tell. A replay's rate
+        limiter checks that such an insert can ever fit."""
+        return None
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
@@ -536,6 +533,7 @@ class Node:
                 cores.pin_main_thread(self.ctx.cores)
                 self.log.info("cores: %s", cores.describe(self.ctx.cores))
             self._report(wire.HELLO, kind=self.ctx.spec.kind or self.ctx.spec.impl,
+                         role=self.role,
                          node=self.ctx.spec.name, replica=self.ctx.replica,
                          incarnation=self.incarnation, pid=os.getpid())
             self.every(HEARTBEAT_S, lambda: self._report(wire.HEARTBEAT))
@@ -643,8 +641,7 @@ class Node:
     def description(self, port: str) -> dict[str, Any]:
         """What ``describe`` on ``port`` answers: enough for a client in any language
         to know what to send (protocol version, message types, env and its spaces)."""
-        takes = self.accepts.get(port) or DEFAULT_ACCEPTS.get((self.ctx.spec.kind or "", port),
-                                                              ())
+        takes = self.accepts.get(port, ())
         out: dict[str, Any] = {
             "protocol": wire.PROTOCOL_VERSION, "node": self.ctx.label,
             "kind": self.ctx.spec.kind or self.ctx.spec.impl, "port": port,

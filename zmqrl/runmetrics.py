@@ -7,12 +7,14 @@ log line, never a crash), and a label is accepted only from the peer that said
 supervisor started for the label. So no other peer can report steps or returns for an
 actor and stop the run with ``--max-steps`` or ``--target-return``.
 
-Env steps are counted from several views, each a lower bound of the truth and free of
-double counting: the actors' own counts; the inference brokers' counts (every
-connection they serve, actors the supervisor did not start included) plus the local
--policy actors'; the learners' (every unroll they took in, restored with their
-checkpoint) and the parameter servers'. The run's total is the largest view. A node
-that restarts counts from 0 again; its earlier count is carried.
+Env steps are counted by the role each node says in its hello (:mod:`zmqrl.roles`),
+never by its kind, from several views, each a lower bound of the truth and free of
+double counting: the acting nodes' own counts; the serving nodes' counts (every
+connection they serve, actors the supervisor did not start included) plus those of the
+acting nodes that no serving node acts for (local policies); the learners' (every unroll
+they took in, restored with their checkpoint) and the parameter servers'. The run's
+total is the largest view. A node that restarts counts from 0 again; its earlier count
+is carried.
 
 Each second the supervisor also writes the run's row as TensorBoard scalars (``tb/run``,
 x = the run's env steps; :mod:`zmqrl.tensorboard`) and what it knows of its processes
@@ -28,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zmqrl import messages, status, wire
+from zmqrl import messages, roles, status, wire
 from zmqrl import tensorboard as tb
 from zmqrl.metrics import CsvLog
-from zmqrl.topology import Topology
+from zmqrl.topology import Topology, load_class
 
 MAX_ROW_FIELDS = 1000
 MAX_EPISODES_PER_REPORT = 100_000
@@ -56,8 +58,9 @@ class _Peer:
     """What the supervisor knows of one node replica it started."""
 
     node: str
-    kind: str | None
+    kind: str | None  # for display: the node's kind, impl or command
     pid: int | None = None  # the process started for it
+    role: str = roles.NONE  # said in its hello (zmqrl.roles): what it is counted for
     identity: bytes | None = None  # ROUTER identity of the peer whose hello we accepted
     steps: int = 0  # env steps reported by the current process
     carried: int = 0  # env steps of its earlier processes (it restarted)
@@ -118,12 +121,16 @@ class RunMetrics:
         self.base_time_s, self.base_env_steps, self.base_episodes = 0.0, 0, 0
         if resume:
             self._load_base()
-        # actors whose policy is their own (no link to an inference broker)
-        self._local_actors = {name for name, spec in topo.nodes.items()
-                              if spec.kind == "actor" and not any(
-                                  target.split(".")[0] in topo.nodes
-                                  and topo.nodes[target.split(".")[0]].kind
-                                  == "inference_broker" for target in spec.links.values())}
+        # Each node's role as its class declares it (a command node: from its hello),
+        # so an acting node's link to a serving one is known before either says hello.
+        self.node_roles: dict[str, str] = {}
+        for name, spec in topo.nodes.items():
+            if spec.target is not None:
+                try:
+                    self.node_roles[name] = getattr(load_class(spec.target), "role",
+                                                    roles.NONE)
+                except (ImportError, AttributeError):
+                    pass  # the topology check reports it
 
     def _load_base(self) -> None:
         path = self.run_dir / "metrics" / "run.csv"
@@ -140,7 +147,9 @@ class RunMetrics:
     # ----- the processes the supervisor runs ------------------------------------------
     def started(self, label: str, node: str, pid: int) -> None:
         """The supervisor started ``pid`` for ``label``: only its hello is believed."""
-        peer = self.peers.setdefault(label, _Peer(node, self.topo.nodes[node].kind))
+        spec = self.topo.nodes[node]
+        shown = spec.kind or spec.impl or " ".join(spec.command or [])[:60]
+        peer = self.peers.setdefault(label, _Peer(node, shown))
         peer.pid = pid
         peer.identity = None
         peer.carried += peer.steps
@@ -172,7 +181,12 @@ class RunMetrics:
             if peer.pid is None or not _descends_from(pid, peer.pid):
                 raise wire.ProtocolError(f"hello as '{label}' from pid {pid}, which the "
                                          "supervisor did not start for it")
-            peer.identity = identity
+            role = msg.fields.get("role", roles.NONE)
+            if role not in roles.ROLES:
+                raise wire.ProtocolError(f"hello as '{label}' with role {role!r:.40}: not one "
+                                         f"of {', '.join(repr(r) for r in roles.ROLES)}")
+            peer.identity, peer.role = identity, role
+            self.node_roles[peer.node] = role
             return label
         if peer.identity != identity:
             raise wire.ProtocolError(f"'{msg.type}' as '{label}' from a peer that did not "
@@ -198,7 +212,7 @@ class RunMetrics:
         self.returns_20.extend(episodes)
         self.episodes += len(episodes)
         if steps is not None:
-            if peer.kind == "learner":
+            if peer.role == roles.LEARNS:
                 peer.steps = int(steps)  # restored with its checkpoint: never carried
             elif steps < peer.steps:  # restarted without us seeing it: carry the old count
                 peer.carried += peer.steps
@@ -206,21 +220,30 @@ class RunMetrics:
             else:
                 peer.steps = int(steps)
         peer.row = row
-        if peer.kind == "learner":
+        if peer.role == roles.LEARNS:
             self.learner_row = row
 
     # ----- totals ---------------------------------------------------------------------
-    def _sum(self, kinds: tuple[str, ...], nodes: set[str] | None = None) -> int:
+    def _sum(self, role: str, nodes: set[str] | None = None) -> int:
         return sum(p.carried + p.steps for p in self.peers.values()
-                   if p.kind in kinds and (nodes is None or p.node in nodes))
+                   if p.role == role and (nodes is None or p.node in nodes))
+
+    def _served_by_none(self) -> set[str]:
+        """Acting nodes with no link to a serving node: they act with their own policy,
+        so no serving node's count includes their steps."""
+        return {name for name, spec in self.topo.nodes.items()
+                if self.node_roles.get(name) == roles.ACTS and not any(
+                    self.node_roles.get(target.split(".")[0]) == roles.SERVES
+                    for target in spec.links.values())}
 
     @property
     def total_env_steps(self) -> int:
-        actors = self._sum(("actor",))
-        served = self._sum(("inference_broker",)) + self._sum(("actor",), self._local_actors)
-        this_run = self.base_env_steps + max(actors, served, self._sum(("param_server",)))
+        actors = self._sum(roles.ACTS)
+        served = self._sum(roles.SERVES) + self._sum(roles.ACTS, self._served_by_none())
+        this_run = self.base_env_steps + max(actors, served, self._sum(roles.APPLIES))
         # the learners' own counts already include the earlier runs (checkpoint)
-        return max(this_run, sum(p.steps for p in self.peers.values() if p.kind == "learner"))
+        return max(this_run, sum(p.steps for p in self.peers.values()
+                                 if p.role == roles.LEARNS))
 
     def mean_return(self, last: int | None = None) -> float:
         values = self.returns_20 if last == 20 else self.returns
@@ -258,7 +281,8 @@ class RunMetrics:
         self.run_log.write(row)
         self._log_board(row)
         status.write_supervisor(self.run_dir, {
-            label: {"node": p.node, "kind": p.kind, "pid": p.pid, "starts": p.starts,
+            label: {"node": p.node, "kind": p.kind, "role": p.role, "pid": p.pid,
+                    "starts": p.starts,
                     "state": p.state, "exit_code": p.exit_code}
             for label, p in self.peers.items()})
 

@@ -19,7 +19,7 @@ import torch
 from zmqrl import wire
 from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item, host, take_all
 from zmqrl.algos.dqn import NStepAccumulator, td_priorities
-from zmqrl.topology import Topology
+from zmqrl.topology import Topology, load_class
 
 
 class EpsilonGreedyBehaviour(Behaviour):
@@ -89,9 +89,14 @@ class EpsilonGreedyBehaviour(Behaviour):
 
 def replay_samples_by_priority(topo: Topology, link: str) -> bool:
     """Whether the replay behind ``link`` ("node.port") samples by priority, so that
-    inserts should carry |δ|. A node we cannot see into (a user's ``impl`` or
-    ``command``) gets them: sending priorities is never wrong, only work."""
+    inserts should carry |δ|: its class says (``samples_by_priority``). A node we
+    cannot see into (a ``command``, a class that does not say) gets them: sending
+    priorities is never wrong, only work."""
     spec = topo.nodes.get(link.partition(".")[0])
-    if spec is None or spec.kind != "replay" or spec.impl or spec.command:
+    if spec is None or spec.target is None:
         return True
-    return spec.args.get("sampler", "uniform") == "prioritized"
+    try:
+        samples_by_priority = getattr(load_class(spec.target), "samples_by_priority", None)
+    except (ImportError, AttributeError):
+        return True
+    return True if samples_by_priority is None else bool(samples_by_priority(spec))
