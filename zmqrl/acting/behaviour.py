@@ -53,6 +53,9 @@ class ActingSetup:
     cfg: AlgoConfig
     epsilon: float = 0.01  # ε-greedy behaviours: until a step header says otherwise
     seed: int = 0
+    # This actor's behaviour arguments (zmqrl.acting.envs.behaviour_args: a noise
+    # scale, a temperature, ...); a remote actor's ride in its step header's ``args``.
+    args: dict[str, float] = field(default_factory=dict)
     # Replay behaviours: compute |δ| priorities for what they insert (two more forward
     # passes per step; only a prioritized replay uses them), and hold transitions back
     # until this many can go in one insert (Ape-X's local buffer: fewer, larger messages).
@@ -157,7 +160,13 @@ def act_batched(model: torch.nn.Module, behaviours: list[Behaviour],
                 version: int) -> list[np.ndarray]:
     """One forward pass for every connection in ``behaviours`` (all of one class), each
     from its own state: concatenate their inputs, run the model once, split the outputs
-    back and let each record its share. Returns the actions per connection."""
+    back and let each record its share. Returns the actions per connection.
+
+    The forward pass runs under ``torch.inference_mode()``, whatever the behaviour's
+    ``forward`` does: acting never needs autograd, and a behaviour's outputs become
+    numpy arrays (a tensor that requires grad cannot)."""
+    import torch  # loaded already: a forward pass needs a model
+
     parts = [b.inputs() for b in behaviours]
     if len(parts) == 1:
         joined = parts[0]
@@ -165,11 +174,12 @@ def act_batched(model: torch.nn.Module, behaviours: list[Behaviour],
         joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     setup = behaviours[0].setup
     inputs = setup.to_device.batch(joined)
-    if setup.precision == "float32":
-        outputs = type(behaviours[0]).forward(model, inputs)
-    else:
-        with setup.autocast():
+    with torch.inference_mode():
+        if setup.precision == "float32":
             outputs = type(behaviours[0]).forward(model, inputs)
+        else:
+            with setup.autocast():
+                outputs = type(behaviours[0]).forward(model, inputs)
     actions, start = [], 0
     for b in behaviours:
         end = start + b.n

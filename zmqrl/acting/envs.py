@@ -1,7 +1,11 @@
 """What an actor does around its envs, whatever the architecture: episode returns,
-reward scaling, Ape-X's per-actor ε, and the final observations of ended episodes."""
+reward scaling, Ape-X's per-actor ε, a behaviour's per-actor arguments, and the final
+observations of ended episodes."""
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import numpy as np
 
@@ -9,6 +13,40 @@ import numpy as np
 def apex_epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
     """Ape-X's per-actor exploration: ε_i = base^(1 + alpha·i/(n−1)) (one actor: base)."""
     return base ** (1 + alpha * i / (n - 1)) if n > 1 else base
+
+
+def behaviour_args(given: dict[str, Any] | None, replica: int, replicas: int
+                   ) -> dict[str, float]:
+    """An actor's behaviour arguments (its ``behaviour_args``) for replica ``replica`` of
+    ``replicas``: each value a number, or a per-replica schedule:
+
+    * ``{per_replica: [v0, v1, ...]}``: one value per replica (as many as replicas);
+    * ``{apex: {base: b, alpha: a}}``: Ape-X's b^(1 + a·i/(N−1)) (ε, a noise scale);
+    * ``{linear: [first, last]}``: evenly spaced from the first replica to the last.
+
+    ValueError names the argument; every value comes out a finite float."""
+    out: dict[str, float] = {}
+    for name, value in (given or {}).items():
+        if isinstance(value, dict) and len(value) == 1:
+            (schedule, spec), = value.items()
+            if schedule == "per_replica" and isinstance(spec, list) and len(spec) == replicas:
+                value = spec[replica]
+            elif schedule == "apex" and isinstance(spec, dict) and set(spec) <= {"base",
+                                                                                 "alpha"}:
+                value = apex_epsilon(replica, replicas, **spec)
+            elif schedule == "linear" and isinstance(spec, list) and len(spec) == 2:
+                first, last = spec
+                value = first + (last - first) * (replica / (replicas - 1) if replicas > 1
+                                                  else 0.0)
+            else:
+                raise ValueError(f"behaviour_args.{name}: {value!r} is no schedule "
+                                 f"(per_replica: [{replicas} values], apex: {{base, alpha}}, "
+                                 "or linear: [first, last])")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise ValueError(f"behaviour_args.{name}: {value!r} is not a finite number")
+        out[name] = float(value)
+    return out
 
 
 class EpisodeTracker:

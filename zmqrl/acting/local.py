@@ -1,10 +1,11 @@
 """A local actor's driver (IMPALA, A3C, Ape-X, Gorila, R2D2): act with a local model.
 
-The actor's envs are one connection of the behaviour its algorithm's family names
-(``zmqrl.acting.BEHAVIOURS``), stepped through the same :func:`act_batched` the
-inference broker uses. Items go out as the behaviour says: unrolls and replay inserts
-on ``experience`` under the consumer's credit (an outbox; while it is full the actor
-stops stepping, so a slow consumer slows the actors instead of growing memory), and
+The actor's envs are one connection of the behaviour the topology's parts name
+(``topo.parts_config``, ``zmqrl.acting.behaviour_for``), stepped through the same
+:func:`act_batched` the inference broker uses. Items go out as the behaviour says:
+unrolls and replay inserts on ``experience`` under the consumer's credit (an outbox;
+while it is full the actor stops stepping, so a slow consumer slows the actors instead
+of growing memory), and
 A3C's gradients to the ``param_server``, one request at a time: the reply carries the
 parameters to continue with.
 """
@@ -35,11 +36,12 @@ class LocalActing:
         self.model.eval()
         self.params = ParamsFollower(self.model, actor)
         destination = "param_server" if "param_server" in actor.sockets else "experience"
-        cls = behaviour_for(cfg.family, destination, topo.acting)
+        cls = behaviour_for(topo.parts_config, destination, topo.acting)
         epsilon = actor.epsilon() if cls.explores_by_epsilon else 0.0
         link = actor.ctx.spec.links.get("experience", "")
         self.behaviour = cls(ActingSetup(
             actor.spec, self.model, cfg, epsilon, actor.seed,
+            args=actor.behaviour_args(),
             priorities=replay_samples_by_priority(topo, link),
             insert_batch=actor.args.insert_batch), n)
         self.behaviour.observe(self.obs)

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from zmqrl import wire
-from zmqrl.acting import explores_by_epsilon
 from zmqrl.acting.envs import EpisodeTracker, final_obs
 from zmqrl.metrics import LatencyReservoir
 
@@ -43,10 +42,13 @@ class RemoteLanes:
     def __init__(self, actor: Any):
         self.actor = actor
         self.latency = LatencyReservoir()
-        self.step_fields: dict[str, Any] = {}
-        if explores_by_epsilon(actor.ctx.topo.algo_config.family):
-            # the broker explores with our ε, as a local actor of ours would
-            self.step_fields["epsilon"] = actor.epsilon()
+        # The broker explores with our ε, as a local actor of ours would. Sent whatever
+        # the behaviour (a remote actor runs no model and does not import one): a
+        # behaviour that does not explore by ε ignores it.
+        self.step_fields: dict[str, Any] = {"epsilon": actor.epsilon()}
+        args = actor.behaviour_args()
+        if args:  # the broker's behaviour for our connection reads them (observe)
+            self.step_fields["args"] = args
         self.lanes: list[Lane] = []
         sizes = np.array_split(np.arange(actor.args.envs), actor.args.lanes)
         for i, envs in enumerate(sizes):
