@@ -124,7 +124,10 @@ class Replay(Node):
         # What producers must insert: the item kind of the algorithm's family (n-step
         # transitions, R2D2's sequences, AlphaZero's positions); the declarations are
         # zmqrl.messages'.
-        items = topo.parts_config.items
+        # (A replay in a topology whose learner takes unrolls holds transitions: what a
+        # replay holds when nothing names its items.)
+        parts = topo.parts_config
+        items = "transitions" if parts.unrolls else parts.items
         self.insert_spec = messages.spec(wire.INSERT, items)
         self.checks = messages.Context.from_env(
             env_spec(topo.env),

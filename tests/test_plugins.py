@@ -29,6 +29,7 @@ from zmqrl.cli import main
 from zmqrl.topology import TopologyError, load
 
 from conftest import REPO, read_csv, write_topology
+from expect import expectation
 
 PLUGIN = REPO / "examples" / "plugins" / "boltzmann"
 
@@ -94,17 +95,18 @@ def _install_example(target: Path) -> dict[str, str]:
 def test_the_example_plugin_installs_from_outside_and_learns(processes, tmp_path):
     env = _install_example(tmp_path / "site")
     topology = PLUGIN / "boltzmann.yaml"
-    expect = yaml.safe_load(topology.read_text())["expect"]
+    expect = expectation(topology)
+    assert expect.target is not None  # the example must learn, not only run
     run_dir, log = tmp_path / "run", tmp_path / "up.log"
     proc = processes.start(
         [sys.executable, "-m", "zmqrl.cli", "up", str(topology), "--run-dir", str(run_dir),
-         "--max-seconds", str(expect["seconds"]), "--target-return", str(expect["return"])],
+         "--max-seconds", str(expect.seconds), "--target-return", str(expect.target)],
         log=log, env=env)
-    assert proc.wait(timeout=expect["seconds"] + 90) == 0, log.read_text()[-3000:]
+    assert proc.wait(timeout=expect.seconds + 90) == 0, log.read_text()[-3000:]
     out = log.read_text()
-    assert re.search(rf"target return {expect['return']:g} reached", out), out[-3000:]
+    assert re.search(rf"target return {expect.target:g} reached", out), out[-3000:]
     rows = read_csv(run_dir / "metrics" / "learner.csv")
-    assert max(int(r["updates"]) for r in rows) >= expect["min_updates"]
+    assert max(int(r["updates"]) for r in rows) >= expect.min_updates
 
 
 MY_PARTS = '''

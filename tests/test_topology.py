@@ -184,16 +184,19 @@ def test_every_topology_parses_its_algo_once_with_defaults_from_the_config(path)
     """Leaving out every defaulted ``algo`` field gives the config's defaults, and every
     node reads that same object: an a2c topology without ``unroll`` is a 5-step one for
     the broker, the actors and the learner alike (it used to be 20 for some, 5 for others)."""
-    from zmqrl.algo_config import CONFIGS
+    from zmqrl.algo_config import Parts, config_type
 
     raw = yaml.safe_load(path.read_text())
     kind = raw.get("algo", {}).get("kind", "vtrace")
     raw["algo"] = {"kind": kind}  # every other field left to its default
+    # the file's directory on the import path, as `load` puts it (its parts may live there)
+    raw["import_paths"] = [str(path.parent)]
     topo = from_dict(raw, str(path))
     cfg = topo.algo_config
-    assert type(cfg) is CONFIGS[kind] and cfg == CONFIGS[kind]()
+    assert type(cfg) is config_type(kind) and cfg == config_type(kind)()
     assert topo.algo_config is cfg  # parsed once, the same object for every reader
-    assert cfg.family in ("unroll", "replay", "sequence", "search")
+    # the parts are the config's own, but where the file's parts: section names others
+    assert topo.parts_config == Parts.of(cfg, raw.get("parts"))
 
 
 def test_a2c_without_unroll_agrees_between_broker_actor_and_learner(tmp_path):

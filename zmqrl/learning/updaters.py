@@ -101,6 +101,8 @@ class AllReduce(LocalStep):
     ``address``, as rank ``rank``; NCCL when the model is on CUDA, else gloo); the
     algorithm averages gradients through the hook."""
 
+    data_parallel = True
+
     def __init__(self, address: str, rank: int, world: int,
                  device: str | torch.device = "cpu"):
         cuda = torch.device(device).type == "cuda"
