@@ -1,9 +1,11 @@
 """Two checkouts' SEED acting rates compared in one sitting, interleaved so that the
-machine's drift cancels: ``zmqrl bench``'s ratio at 1 actor x 128 envs x 2 lanes, split
+machine's drift cancels: ``zmqrl bench``'s ratio at 1 actor x 128 envs x 2 lanes (or
+``--envs`` envs), split
 into the two rates it divides, each measured side by side.
 
     python benchmarks/interleaved.py --before ../zmqrl-old [--windows 30] [--window-s 6]
         [--set nodes.actor.cores=[0]]   # extra --set for this checkout's topology only
+        [--envs 1024]                   # the actor's envs, in both checkouts and limits
 
 On a shared machine the speed of a core drifts by tens of percent over a minute, so two
 ``zmqrl bench`` runs a minute apart differ by more than the 1-2 % a change can make.
@@ -39,7 +41,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SETS = ["nodes.actor.replicas=1", "nodes.actor.args.envs=128", "nodes.actor.args.lanes=2"]
+SETS = ["nodes.actor.replicas=1", "nodes.actor.args.lanes=2"]  # and the envs (--envs)
 
 LIMIT_CHILD = r"""
 import sys, time
@@ -50,7 +52,8 @@ from zmqrl.topology import load
 torch.set_num_threads(1)
 topo = load("topologies/seed.yaml")
 model = build_model(topo.model, env_spec(topo.env), topo.seed)
-env = make_vector_env(topo.env, 128, topo.seed)
+envs = int(sys.argv[2])
+env = make_vector_env(topo.env, envs, topo.seed)
 obs, _ = env.reset(seed=topo.seed)
 steps = 0
 out = open(sys.argv[1], "a", buffering=1)
@@ -58,7 +61,7 @@ last = time.monotonic()
 while True:
     action, _ = model.act(torch.from_numpy(obs))
     obs, *_ = env.step(action.numpy())
-    steps += 128
+    steps += envs
     now = time.monotonic()
     if now - last >= 0.25:  # a stopped process writes nothing: windows stay its own
         out.write(f"{now} {steps}\n")
@@ -143,6 +146,7 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[],
                         help="KEY=VALUE for this checkout's topology only")
     parser.add_argument("--skip-limit", action="store_true")
+    parser.add_argument("--envs", type=int, default=128, help="the actor's envs (both sides)")
     args = parser.parse_args()
     checkouts = {"this": REPO, "before": args.before.resolve()}
     results: dict[str, dict[str, list[float]]] = {}
@@ -152,7 +156,8 @@ def main() -> None:
         budget = 2 * args.windows * (args.window_s + args.settle_s) + 120
         for name, path in checkouts.items():
             run_dir = Path(tmp) / name
-            sets = SETS + ["nodes.learner.kind=sink"] + (args.sets if name == "this" else [])
+            sets = SETS + [f"nodes.actor.args.envs={args.envs}", "nodes.learner.kind=sink"] \
+                + (args.sets if name == "this" else [])
             cmd = [sys.executable, "-m", "zmqrl.cli", "up", "topologies/seed.yaml",
                    "--run-dir", str(run_dir), "--max-seconds", str(budget)]
             for s in sets:
@@ -183,7 +188,8 @@ def main() -> None:
             sides, procs = {}, []
             for name, path in checkouts.items():
                 out = Path(tmp) / f"limit-{name}.txt"
-                proc = subprocess.Popen([sys.executable, "-c", LIMIT_CHILD, str(out)], cwd=path,
+                proc = subprocess.Popen([sys.executable, "-c", LIMIT_CHILD, str(out),
+                                         str(args.envs)], cwd=path,
                                         env={**os.environ, "PYTHONPATH": str(path)},
                                         start_new_session=True)
                 procs.append(proc)
