@@ -128,6 +128,7 @@ class InferenceBroker(Node):
         self._blocked = False
         self.pauses = 0  # times the consumer's backpressure paused the actors
         self.env_steps = 0
+        self.evaluations = 0
         self.batches = 0
         self.batch_envs = 0
         self.latency = LatencyReservoir()
@@ -235,7 +236,10 @@ class InferenceBroker(Node):
             self.send("policy", wire.encode(wire.ACT, behaviour.reply(action),
                                             seq=msg.fields["seq"]), envelope)
             self.latency.add(now - self.first_pending_at)
-        self.env_steps += envs
+        if self.behaviour_type.steps_envs:
+            self.env_steps += envs
+        else:
+            self.evaluations += envs  # a search's leaves (EvaluateBehaviour)
         self.batches += 1
         self.batch_envs += envs
 
@@ -280,6 +284,7 @@ class InferenceBroker(Node):
         p50, p99 = self.latency.percentiles_ms()
         row = {
             "env_steps": self.env_steps,
+            "evaluations": self.evaluations,
             "param_version": self.version,
             "batches": self.batches,
             "batch_envs_mean": round(self.batch_envs / self.batches, 2) if self.batches else 0,

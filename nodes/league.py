@@ -37,6 +37,8 @@ RANDOM = "random"
 
 class League(Node):
     links = {"params": Link("sub", hwm=4)}
+    # the run's evaluation, in the progress line (self-play has no return to show)
+    shows = {"eval/win_rate_mcts": "last", "population/elo_latest": "last"}
     metrics_interval_s = 1.0
 
     @dataclass

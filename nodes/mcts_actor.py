@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl import messages, wire
+from zmqrl import messages, roles, wire
 from zmqrl.metrics import LatencyReservoir
 from zmqrl.node import Link, Node, Outbox
 from zmqrl.topology import NodeSpec, Topology
@@ -49,6 +49,8 @@ class _Lane:
 
 
 class MCTSActor(Node):
+    role = roles.ACTS  # its moves are the run's env steps (the broker's leaves are not)
+    shows = {"games": "sum", "sims_per_s": "sum"}
     links = {
         "policy": Link("dealer", required=False),
         "experience": Link("dealer", required=False, immediate=True),
@@ -275,7 +277,8 @@ class MCTSActor(Node):
             lane.sizes.clear()
         results = np.array(self.results, np.float32).reshape(-1, 3)
         p50, p99 = self.latency.percentiles_ms()
-        row = {"games": self.games, "moves": self.moves, "simulations": sims,
+        row = {"env_steps": self.moves, "games": self.games, "moves": self.moves,
+               "simulations": sims,
                "sims_per_s": round((sims - sims0) / max(now - t0, 1e-9), 1),
                "positions_sent": self.positions_sent,
                "positions_waiting": self.waiting_positions,

@@ -154,3 +154,81 @@ def test_an_impl_actor_with_its_own_behaviour_counts_and_stops_at_max_steps(proc
     steps = int(read_csv(run_dir / "metrics" / "run.csv")[-1]["env_steps"])
     assert steps >= 5000
     assert list(marks.glob("acted-*")), "the topology's behaviour did not act"
+
+
+# A node in any language: here a Python script that speaks only the supervisor messages
+# (docs/protocol.md §9), saying its role (or not) and reporting made-up env steps.
+COMMAND_NODE = '''
+import os, sys, time
+import msgpack, zmq
+
+address, role = sys.argv[1], sys.argv[2]
+sock = zmq.Context().socket(zmq.DEALER)
+sock.connect(address)
+label = os.environ["ZMQRL_NODE"]
+
+def send(t, **fields):
+    sock.send(msgpack.packb({"v": 1, "t": t, "label": label, **fields, "arrays": []}))
+
+hello = {"kind": "counting_script", "node": label.split(".")[0], "replica": 0,
+         "incarnation": "x" * 12, "pid": os.getpid()}
+if role != "none":
+    hello["role"] = role
+send("hello", **hello)
+steps = 0
+while True:
+    steps += 1000
+    send("heartbeat")
+    send("metrics", row={"time_s": 0.0, "env_steps": steps}, episodes=[])
+    time.sleep(0.1)
+'''
+
+
+@pytest.mark.parametrize("role", ["acts", "none"])
+def test_a_command_node_counts_by_the_role_it_says(processes, tmp_path, role):
+    """A command node that says it acts counts its env steps toward --max-steps exactly
+    as a built-in actor would; one that says no role is not counted."""
+    from zmqrl.endpoints import supervisor_address
+
+    script = tmp_path / "counting.py"
+    script.write_text(COMMAND_NODE)
+    run_dir, log = tmp_path / "run", tmp_path / "up.log"
+    raw = {"name": "command-only", "env": {"id": "CartPole-v1"}, "nodes": {"counter": {
+        "command": [sys.executable, str(script), supervisor_address(run_dir), role]}}}
+    path = tmp_path / "command.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = processes.zmqrl("up", str(path), "--run-dir", str(run_dir), "--max-steps", "20000",
+                           "--max-seconds", "20" if role == "acts" else "6", log=log)
+    assert proc.wait(timeout=80) == 0, log.read_text()[-3000:]
+    out = log.read_text()
+    steps = int(read_csv(run_dir / "metrics" / "run.csv")[-1]["env_steps"])
+    if role == "acts":
+        assert "--max-steps 20000 reached" in out, out[-3000:]
+        assert steps >= 20000
+    else:
+        assert "--max-seconds 6 reached" in out, out[-3000:]
+        assert steps == 0
+
+
+def test_behaviour_args_take_numbers_and_per_replica_schedules():
+    from zmqrl.acting.envs import apex_epsilon, behaviour_args
+
+    given = {"noise": 0.3, "temperature": {"linear": [0.2, 0.02]},
+             "epsilon": {"apex": {"base": 0.4, "alpha": 7}}, "scale": {"per_replica": [1, 2, 3]}}
+    first, last = behaviour_args(given, 0, 3), behaviour_args(given, 2, 3)
+    assert first == {"noise": 0.3, "temperature": 0.2, "epsilon": 0.4, "scale": 1.0}
+    assert last["temperature"] == pytest.approx(0.02) and last["scale"] == 3.0
+    assert last["epsilon"] == pytest.approx(apex_epsilon(2, 3))
+    for bad in ({"x": "hot"}, {"x": float("nan")}, {"x": {"per_replica": [1, 2]}},
+                {"x": {"wobble": 1}}):
+        with pytest.raises(ValueError, match="behaviour_args.x"):
+            behaviour_args(bad, 0, 3)
+
+
+def test_a_bad_behaviour_schedule_is_a_validate_error(tmp_path):
+    path = write_topology(tmp_path, "apex.yaml", nodes={"actor": {"args": {
+        "behaviour_args": {"noise": {"per_replica": [0.1]}}}}})
+    with pytest.raises(TopologyError) as err:
+        load(path)
+    assert any("field 'args.behaviour_args': behaviour_args.noise" in e
+               for e in err.value.errors), err.value.errors

@@ -66,6 +66,7 @@ RULES: dict[str, str] = {
     "action": "inside the action space",  # discrete: ints in [0, A); Box: finite floats
     "row": "a map from str to a number or str",
     "numbers": "a list of finite numbers",
+    "shows": "at most 8 names (of at most 64 characters) to `sum` or `last`",
     "behaviour_args": f"at most {MAX_BEHAVIOUR_ARGS} names (of at most 64 characters) to "
                       f"numbers within ±{MAX_BEHAVIOUR_ARG:g}",
 }
@@ -265,6 +266,9 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 Field("role", "str", False, doc="what the run counts the node for "
                       "(`zmqrl/roles.py`): `acts`, `serves`, `learns`, `applies`; "
                       "absent or empty: nothing"),
+                Field("shows", "map", False, "shows",
+                      "fields of its metrics rows for the run's progress line, each "
+                      "pooled by `sum` or `last` (at most 8)"),
                 Field("node", "str", doc="node name"),
                 Field("replica", "int", rule="nonneg", doc="replica index"),
                 Field("incarnation", "str", doc="random hex, new for every start"),
@@ -534,6 +538,9 @@ def _rule_ok(rule: str, value: Any) -> bool:
                    for k, v in value.items())
     if rule == "numbers":
         return all(type(v) in (int, float) and math.isfinite(v) for v in value)
+    if rule == "shows":
+        return len(value) <= 8 and all(type(k) is str and len(k) <= 64 and v in ("sum", "last")
+                                       for k, v in value.items())
     if rule == "behaviour_args":
         return len(value) <= MAX_BEHAVIOUR_ARGS and all(
             type(k) is str and len(k) <= 64 and type(v) in (int, float)

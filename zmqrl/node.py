@@ -253,6 +253,9 @@ class Node:
     accepts: ClassVar[dict[str, tuple[str, ...]]] = {}
     # What the run counts this node for (zmqrl.roles), said in its hello.
     role: ClassVar[str] = roles.NONE
+    # Fields of its metrics rows the run's progress line shows, each pooled over the
+    # node's replicas by "sum" or "last" (zmqrl.roles.POOLING); said in its hello.
+    shows: ClassVar[dict[str, str]] = {}
     links: ClassVar[dict[str, Link]] = {}
     Args: ClassVar[type] = NoArgs
     metrics_interval_s: ClassVar[float] = 2.0
@@ -533,7 +536,7 @@ class Node:
                 cores.pin_main_thread(self.ctx.cores)
                 self.log.info("cores: %s", cores.describe(self.ctx.cores))
             self._report(wire.HELLO, kind=self.ctx.spec.kind or self.ctx.spec.impl,
-                         role=self.role,
+                         role=self.role, shows=dict(self.shows),
                          node=self.ctx.spec.name, replica=self.ctx.replica,
                          incarnation=self.incarnation, pid=os.getpid())
             self.every(HEARTBEAT_S, lambda: self._report(wire.HEARTBEAT))

@@ -44,10 +44,15 @@ class Progress:
             f"{now - self.started:6.1f}s",
             f"env steps {total:,}",
             f"{self.steps_per_s:,.0f} steps/s",
-            f"episodes {run.base_episodes + run.episodes}",
-            f"return(20) {run.mean_return(20):.1f}",
-            f"return(100) {run.mean_return():.1f}",
         ]
+        shown = run.shown()
+        episodes = run.base_episodes + run.episodes
+        # A run whose nodes show their own measure (a search's games, a league's win
+        # rate) and report no episodes has no return to show: self-play's is meaningless.
+        if episodes or not shown:
+            parts += [f"episodes {episodes}", f"return(20) {run.mean_return(20):.1f}",
+                      f"return(100) {run.mean_return():.1f}"]
+        parts += [f"{name} {_number(value)}" for name, value in shown.items()]
         row = run.learner_row
         if row:
             parts.append(f"updates {row.get('updates', 0)}")
@@ -109,3 +114,8 @@ def _done_text(fraction: float, left: float | None) -> str:
         text += f", {hours}:{minutes:02d}:{seconds:02d} left" if hours \
             else f", {minutes}:{seconds:02d} left"
     return text
+
+
+def _number(value: float) -> str:
+    """A shown field: counts with thousands separators, rates and scores with 3 digits."""
+    return f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:.3g}"

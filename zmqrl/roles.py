@@ -18,3 +18,8 @@ APPLIES = "applies"  # env steps behind the gradients it applied (a parameter se
 NONE = ""
 
 ROLES = (ACTS, SERVES, LEARNS, APPLIES, NONE)
+
+# How a field a node ``shows`` (its hello) is pooled over the nodes that show it, for the
+# progress line: added up (games, simulations/s) or the latest report's (a win rate).
+POOLING = ("sum", "last")
+MAX_SHOWN = 8  # fields one node may show

@@ -61,6 +61,7 @@ class _Peer:
     kind: str | None  # for display: the node's kind, impl or command
     pid: int | None = None  # the process started for it
     role: str = roles.NONE  # said in its hello (zmqrl.roles): what it is counted for
+    shows: dict[str, str] = field(default_factory=dict)  # row fields for the progress line
     identity: bytes | None = None  # ROUTER identity of the peer whose hello we accepted
     steps: int = 0  # env steps reported by the current process
     carried: int = 0  # env steps of its earlier processes (it restarted)
@@ -186,6 +187,7 @@ class RunMetrics:
                 raise wire.ProtocolError(f"hello as '{label}' with role {role!r:.40}: not one "
                                          f"of {', '.join(repr(r) for r in roles.ROLES)}")
             peer.identity, peer.role = identity, role
+            peer.shows = dict(msg.fields.get("shows") or {})
             self.node_roles[peer.node] = role
             return label
         if peer.identity != identity:
@@ -244,6 +246,18 @@ class RunMetrics:
         # the learners' own counts already include the earlier runs (checkpoint)
         return max(this_run, sum(p.steps for p in self.peers.values()
                                  if p.role == roles.LEARNS))
+
+    def shown(self) -> dict[str, float]:
+        """The fields nodes asked the progress line to show (their hello's ``shows``),
+        pooled over the nodes that report them: summed, or the latest report's."""
+        out: dict[str, float] = {}
+        for peer in self.peers.values():
+            for name, pooling in peer.shows.items():
+                value = peer.row.get(name)
+                if not _finite(value):
+                    continue
+                out[name] = out.get(name, 0.0) + value if pooling == "sum" else value
+        return out
 
     def mean_return(self, last: int | None = None) -> float:
         values = self.returns_20 if last == 20 else self.returns

@@ -103,6 +103,9 @@ class Behaviour:
     # ε-greedy: takes ε from ActingSetup, and from a step header's ``epsilon`` field (a
     # remote actor sends its own, so the broker explores as that actor should).
     explores_by_epsilon: ClassVar[bool] = False
+    # Whether a connection's steps are env steps (an actor's envs). A search's leaf
+    # evaluations are not: the broker counts those as evaluations, not env steps.
+    steps_envs: ClassVar[bool] = True
 
     def __init__(self, setup: ActingSetup, n: int):
         self.setup = setup

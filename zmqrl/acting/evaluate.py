@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 class EvaluateBehaviour(Behaviour):
     ships = ""  # nothing: positions go from the actor to the replay
+    steps_envs = False  # leaves of a search, not env steps: the actor counts its moves
 
     def __init__(self, setup: ActingSetup, n: int):
         super().__init__(setup, n)
