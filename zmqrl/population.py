@@ -117,7 +117,7 @@ def expand(raw: Any) -> Any:
                 node, _, port = str(target).partition(".")
                 if node in copied:
                     links[link] = f"{member_name(node, member)}.{port}"
-            if body.get("kind") == "learner":
+            if _learns(body):
                 if body.get("replicas", 1) != 1:  # a load would reach one replica only
                     raise ValueError(f"population: node '{name}': a member's learner must "
                                      "have one replica (data-parallel members: not yet)")
@@ -131,6 +131,25 @@ def expand(raw: Any) -> Any:
     ctl = expanded[CONTROLLER]
     ctl.setdefault("args", {})["population"] = section
     return out
+
+
+def _learns(body: dict[str, Any]) -> bool:
+    """Whether a node's class learns (its role, zmqrl.roles): a subclass of the built-in
+    learner under ``impl:`` is a member's learner too. A node whose class cannot be
+    loaded is not; the topology check reports it."""
+    from zmqrl import plugins, roles
+
+    if not isinstance(body, dict):
+        return False
+    kind, impl = body.get("kind"), body.get("impl")
+    target = impl if isinstance(impl, str) else \
+        plugins.import_path("node", kind) if isinstance(kind, str) else None
+    if target is None:
+        return False
+    try:
+        return getattr(plugins.load_path(target, part="node"), "role", None) == roles.LEARNS
+    except plugins.PluginError:
+        return False
 
 
 # ----- exploit / explore --------------------------------------------------------------

@@ -320,6 +320,11 @@ def from_dict(raw: Any, source: str = "<topology>", *, node: str | None = None) 
     """
     from zmqrl import population
 
+    # Every part named by import path is looked for in the topology's directory and its
+    # import_paths too (zmqrl.plugins), the population's nodes included.
+    given = raw.get("import_paths") if isinstance(raw, dict) else None
+    if isinstance(given, list):
+        plugins.add_import_paths(p for p in given if isinstance(p, str))
     try:
         raw = population.expand(raw)
     except ValueError as exc:
@@ -349,9 +354,6 @@ def from_dict(raw: Any, source: str = "<topology>", *, node: str | None = None) 
         parts=raw.get("parts", {}) if isinstance(raw, dict) else {},
         expect=raw.get("expect", {}) if isinstance(raw, dict) else {},
     )
-    # Every part named by import path is looked for there too (zmqrl.plugins).
-    if isinstance(topo.import_paths, list):
-        plugins.add_import_paths(p for p in topo.import_paths if isinstance(p, str))
     errors = [(path, msg) for path, msg in schema_errors]
     errors += _semantic_errors(topo, broken, node)
     if errors:
