@@ -248,6 +248,9 @@ class _Run:
     def mean_return(self, last: int | None = None) -> float:
         return sum(self.returns) / len(self.returns) if self.returns else float("nan")
 
+    def shown(self) -> dict[str, float]:
+        return {}  # no node asked for fields of its own
+
 
 def test_progress_shows_fraction_done_and_time_left():
     run = _Run(StopConditions(max_steps=10_000))
@@ -345,3 +348,15 @@ def test_a_narrow_terminal_loses_columns_not_letters(tmp_path):
         assert "…" not in out.getvalue() and max(map(len, table)) <= width, out.getvalue()
         for column in ("node", "state", "rst", "socket", "in/s", "out/s"):
             assert column in table[0].split(), (width, table[0])
+
+
+def test_progress_shows_what_nodes_ask_for_and_no_return_without_episodes():
+    """A search run's nodes show games and simulations/s and a league its win rate; with
+    no episode reported, the line shows no return (self-play's means nothing)."""
+    run = _Run(StopConditions())
+    run.shown = lambda: {"games": 1234.0, "sims_per_s": 44918.3, "eval/win_rate_mcts": 0.625}
+    line = Progress(run, time.monotonic()).line().plain
+    assert "games 1,234 | sims_per_s 44,918 | eval/win_rate_mcts 0.625" in line
+    assert "return" not in line and "episodes" not in line
+    run.episodes = 3
+    assert "episodes 3 | return(20)" in Progress(run, time.monotonic()).line().plain
