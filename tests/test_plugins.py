@@ -232,3 +232,21 @@ def test_a_bad_behaviour_schedule_is_a_validate_error(tmp_path):
         load(path)
     assert any("field 'args.behaviour_args': behaviour_args.noise" in e
                for e in err.value.errors), err.value.errors
+
+
+def test_a_node_class_with_an_unknown_role_is_a_validate_error(tmp_path):
+    (tmp_path / "odd_node.py").write_text(textwrap.dedent("""
+        from nodes.sink import Sink
+
+        class OddSink(Sink):
+            role = "dances"
+    """))
+    path = write_topology(tmp_path, "seed.yaml",
+                          nodes={"learner": {"kind": None, "impl": "odd_node:OddSink"}})
+    raw = yaml.safe_load(path.read_text())
+    raw["nodes"]["learner"].pop("kind")
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(TopologyError) as err:
+        load(path)
+    assert any("odd_node:OddSink.role is 'dances', not one of" in e
+               for e in err.value.errors), err.value.errors

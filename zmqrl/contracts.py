@@ -12,7 +12,9 @@ the method, not a traceback in a node minutes into a run:
   :data:`BEHAVIOUR_METHODS`;
 * a data source and an updater: :class:`zmqrl.learning.sources.Source` and
   :class:`zmqrl.learning.updaters.Updater`;
-* the item kind: an ``insert``/``batch`` variant declared in :mod:`zmqrl.messages`.
+* the item kind: an ``insert``/``batch`` variant declared in :mod:`zmqrl.messages`;
+* a node: a :class:`zmqrl.node.Node` subclass whose ``role`` is one of
+  :data:`zmqrl.roles.ROLES` and whose ``shows`` pools each field by ``sum`` or ``last``.
 
 This imports the torch-side parts: only the full check (not a node's own start) runs it.
 """
@@ -23,7 +25,7 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from zmqrl import algo_config, messages, plugins, wire
+from zmqrl import algo_config, messages, plugins, roles, wire
 
 if TYPE_CHECKING:
     from zmqrl.topology import Topology
@@ -128,6 +130,32 @@ def errors(topo: Topology) -> Errors:
             found.append((("parts", "items"), f"'{parts.items}' is no item kind zmqrl.messages "
                                               "declares (insert and batch variants)"))
     found += _model_errors(topo, cfg)
+    return found + _node_errors(topo)
+
+
+def _node_errors(topo: Topology) -> Errors:
+    from zmqrl.node import Node
+    from zmqrl.topology import load_class
+
+    found: Errors = []
+    for spec in topo.nodes.values():
+        if spec.target is None:
+            continue  # a command node says its role in its hello
+        try:
+            cls = load_class(spec.target, topo.import_paths)
+        except (ImportError, AttributeError):
+            continue  # reported by the topology check
+        where = ("nodes", spec.name, "impl" if spec.impl else "kind")
+        if not (inspect.isclass(cls) and issubclass(cls, Node)):
+            found.append((where, f"{spec.target} is not a zmqrl.node.Node subclass"))
+            continue
+        if cls.role not in roles.ROLES:
+            found.append((where, f"{spec.target}.role is {cls.role!r}, not one of "
+                                 f"{', '.join(repr(r) for r in roles.ROLES)}"))
+        bad = {k: v for k, v in cls.shows.items() if v not in roles.POOLING}
+        if bad or len(cls.shows) > roles.MAX_SHOWN:
+            found.append((where, f"{spec.target}.shows must map at most {roles.MAX_SHOWN} "
+                                 f"fields to {' or '.join(roles.POOLING)} (got {bad or 'more'})"))
     return found
 
 
