@@ -23,14 +23,23 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from zmqrl import algo_config, messages, plugins, roles, wire
 
-if TYPE_CHECKING:
-    from zmqrl.topology import Topology
-
 Errors = list[tuple[tuple, str]]
+
+
+class Topology(Protocol):
+    """What the checks read of a loaded topology (``zmqrl.topology.Topology``, whose
+    loading runs them: a protocol here, so that this module imports no topology)."""
+
+    model: dict[str, Any]
+    nodes: dict[str, Any]
+    import_paths: list[str]
+    algo_config: Any
+    parts_config: algo_config.Parts
+    acting: Any
 
 
 @runtime_checkable
@@ -133,21 +142,26 @@ def errors(topo: Topology) -> Errors:
     return found + _node_errors(topo)
 
 
-def _node_errors(topo: Topology) -> Errors:
-    from zmqrl.node import Node
-    from zmqrl.topology import load_class
+# What the node runtime reads of a node class (zmqrl.node.Node has each). Checked by
+# name: zmqrl.node imports the topology module, which imports this one.
+NODE_ATTRIBUTES = ("binds", "links", "accepts", "Args", "role", "shows", "check_spec",
+                   "largest_insert", "setup", "run")
 
+
+def _node_errors(topo: Topology) -> Errors:
     found: Errors = []
     for spec in topo.nodes.values():
         if spec.target is None:
             continue  # a command node says its role in its hello
         try:
-            cls = load_class(spec.target, topo.import_paths)
-        except (ImportError, AttributeError):
+            cls = plugins.load_path(spec.target, topo.import_paths, "node")
+        except plugins.PluginError:
             continue  # reported by the topology check
         where = ("nodes", spec.name, "impl" if spec.impl else "kind")
-        if not (inspect.isclass(cls) and issubclass(cls, Node)):
-            found.append((where, f"{spec.target} is not a zmqrl.node.Node subclass"))
+        lacks = [name for name in NODE_ATTRIBUTES if not hasattr(cls, name)]
+        if not inspect.isclass(cls) or lacks:
+            found.append((where, f"{spec.target} is not a zmqrl.node.Node subclass (it "
+                                 f"lacks {', '.join(lacks) or 'a class'})"))
             continue
         if cls.role not in roles.ROLES:
             found.append((where, f"{spec.target}.role is {cls.role!r}, not one of "

@@ -30,14 +30,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq
 from zmq.auth.certs import create_certificates, load_certificate
 from zmq.auth.thread import ThreadAuthenticator
-
-if TYPE_CHECKING:
-    from zmqrl.topology import Topology
 
 SERVER = "server"
 CLIENT = "client"
@@ -191,7 +188,13 @@ def configured_dir(network: dict[str, Any]) -> Path | None:
     return Path(keys) if isinstance(keys, str) and keys else None
 
 
-def keys_for(topo: Topology) -> CurveKeys | None:
+class _Networked(Protocol):
+    """What this module reads of a topology (zmqrl.topology imports this module)."""
+
+    network: dict[str, Any]
+
+
+def keys_for(topo: _Networked) -> CurveKeys | None:
     """The topology's CURVE keys, or None when its tcp endpoints are plain."""
     directory = configured_dir(topo.network)
     return load_keys(directory) if directory is not None else None

@@ -13,13 +13,14 @@ next observation otherwise (a terminal transition's target does not look at it).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
-from zmqrl import wire
+from zmqrl import plugins, wire
 from zmqrl.acting.behaviour import ActingSetup, Behaviour, Item, host, take_all
 from zmqrl.algos.dqn import NStepAccumulator, td_priorities
-from zmqrl.topology import Topology, load_class
 
 
 class EpsilonGreedyBehaviour(Behaviour):
@@ -87,16 +88,18 @@ class EpsilonGreedyBehaviour(Behaviour):
         return [Item(wire.INSERT, items, {"version": self.version})]
 
 
-def replay_samples_by_priority(topo: Topology, link: str) -> bool:
-    """Whether the replay behind ``link`` ("node.port") samples by priority, so that
-    inserts should carry |δ|: its class says (``samples_by_priority``). A node we
-    cannot see into (a ``command``, a class that does not say) gets them: sending
-    priorities is never wrong, only work."""
+def replay_samples_by_priority(topo: Any, link: str) -> bool:
+    """Whether the replay behind ``link`` ("node.port") of ``topo`` (a loaded
+    ``zmqrl.topology.Topology``, not imported here: it imports the acting parts) samples
+    by priority, so that inserts should carry |δ|: its class says
+    (``samples_by_priority``). A node we cannot see into (a ``command``, a class that
+    does not say) gets them: sending priorities is never wrong, only work."""
     spec = topo.nodes.get(link.partition(".")[0])
     if spec is None or spec.target is None:
         return True
     try:
-        samples_by_priority = getattr(load_class(spec.target), "samples_by_priority", None)
-    except (ImportError, AttributeError):
+        samples_by_priority = getattr(plugins.load_path(spec.target, part="node"),
+                                      "samples_by_priority", None)
+    except plugins.PluginError:
         return True
     return True if samples_by_priority is None else bool(samples_by_priority(spec))

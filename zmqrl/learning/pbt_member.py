@@ -17,14 +17,30 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from zmqrl import messages, wire
 
-if TYPE_CHECKING:
-    from nodes.learner import Learner
+
+class Learner(Protocol):
+    """What a member reads and drives of its learner node (``nodes/learner.py``, which
+    imports this module: a protocol, not that class)."""
+
+    model: Any
+    algo: Any
+    updates: int
+    source: Any
+    checkpointer: Any
+    log: Any
+
+    def send(self, link: str, frames: list) -> None: ...
+
+    def every(self, seconds: float, callback: Any) -> None: ...
+
+    def _publish(self) -> None: ...
+
 
 _CONTEXT = messages.Context()  # pbt messages name no env or model shapes
 
