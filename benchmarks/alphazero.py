@@ -15,7 +15,7 @@ games in flight for all three.
 
 ``tictactoe``: trains topologies/alphazero.yaml on tic-tac-toe for ``--budget`` seconds
 of wall time; every ``--every`` seconds the learner's latest checkpoint plays 100 games
-(50 in each seat) against a perfect minimax player (``zmqrl.search.minimax``), with the
+(50 in each seat) against a perfect minimax player (``zmqrl.parts.search.minimax``), with the
 same search it trained with (no root noise, the most visited move) and with its network
 alone (the most likely legal move). Prints one row per evaluation: the losses of the
 search and of the network, and the time at which the search first lost none. An
@@ -51,13 +51,13 @@ import numpy as np
 import torch
 import yaml
 
-from zmqrl import algo_config
-from zmqrl.devices import resolve_precision
-from zmqrl.envs import env_spec
-from zmqrl.games import Game, env_id
-from zmqrl.models import build_model
-from zmqrl.search.mcts import SearchParams, SelfPlay, model_evaluator, search
-from zmqrl.search.minimax import Minimax
+from zmqrl.parts import algo_config
+from zmqrl.parts.devices import resolve_precision
+from zmqrl.parts.envs import env_spec
+from zmqrl.parts.games import Game, env_id
+from zmqrl.parts.models import build_model
+from zmqrl.parts.search.mcts import SearchParams, SelfPlay, model_evaluator, search
+from zmqrl.parts.search.minimax import Minimax
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "topologies" / "alphazero.yaml"
@@ -151,7 +151,7 @@ def through_broker(raw: dict, actors: int, games: int, lanes: int, seconds: floa
 
 def throughput(args: argparse.Namespace) -> None:
     from zmqrl.cli import _overrides
-    from zmqrl.topology import merge
+    from zmqrl.run.topology import merge
 
     torch.set_num_threads(1)
     raw = merge(yaml.safe_load(TOPOLOGY.read_text()), _overrides(tuple(args.set)))
@@ -239,7 +239,7 @@ def connect4(args: argparse.Namespace) -> None:
     from open_spiel.python.algorithms import mcts as spiel_mcts
 
     from zmqrl.cli import _overrides
-    from zmqrl.topology import merge
+    from zmqrl.run.topology import merge
 
     torch.set_num_threads(1)
     raw = merge(yaml.safe_load(TOPOLOGY.read_text()), _overrides(tuple(args.set)))

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import torch
 
-from zmqrl.envs import env_spec
-from zmqrl.games import env_id
-from zmqrl.models import build_model
+from zmqrl.parts.envs import env_spec
+from zmqrl.parts.games import env_id
+from zmqrl.parts.models import build_model
 
 
 def plain(model: torch.nn.Module, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

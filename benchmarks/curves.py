@@ -57,7 +57,7 @@ def run(topology: Path, env_id: str, seed: int, max_steps: int) -> dict:
 
 
 def plot(env_id: str, topology: str, runs: list[dict], path: Path) -> None:
-    from zmqrl.plot import plot_runs
+    from zmqrl.run.plot import plot_runs
 
     plot_runs([r["run_dir"] for r in runs], path, metric="return_mean_20",
               title=f"{topology} on {env_id} ({len(runs)} seeds)")
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--plot-dir", type=Path, default=None)
     args = parser.parse_args()
     if args.envs is None:
-        from zmqrl.topology import load
+        from zmqrl.run.topology import load
 
         args.envs = [load(args.topology).env["id"]]
     print("| topology | env | final return(100), median | mean ± std | per seed "

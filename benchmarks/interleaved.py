@@ -18,7 +18,7 @@ Here both checkouts run at once and take turns:
    then they swap. A stopped run uses no CPU, so each window measures one checkout
    alone.
 2. **No-network limit.** The same with two child processes, each running the loop of
-   ``zmqrl.bench.no_network_limit`` (written out below: that function runs for a fixed
+   ``zmqrl.run.bench.no_network_limit`` (written out below: that function runs for a fixed
    time) on its checkout's model and envs, each timing its own running windows.
 
 Reported: per checkout the mean rate of each kind, and the ratios this/before of the
@@ -46,9 +46,9 @@ SETS = ["nodes.actor.replicas=1", "nodes.actor.args.lanes=2"]  # and the envs (-
 LIMIT_CHILD = r"""
 import sys, time
 import torch
-from zmqrl.envs import env_spec, make_vector_env
-from zmqrl.models import build_model
-from zmqrl.topology import load
+from zmqrl.parts.envs import env_spec, make_vector_env
+from zmqrl.parts.models import build_model
+from zmqrl.run.topology import load
 torch.set_num_threads(1)
 topo = load("topologies/seed.yaml")
 model = build_model(topo.model, env_spec(topo.env), topo.seed)

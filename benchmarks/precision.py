@@ -22,12 +22,12 @@ import torch
 import yaml
 from conv_layout import best_ms
 
-from zmqrl import algo_config
-from zmqrl.algos.alphazero import AlphaZeroLearner
-from zmqrl.devices import autocast, native_bfloat16
-from zmqrl.envs import env_spec
-from zmqrl.games import env_id
-from zmqrl.models import build_model
+from zmqrl.parts import algo_config
+from zmqrl.parts.algos.alphazero import AlphaZeroLearner
+from zmqrl.parts.devices import autocast, native_bfloat16
+from zmqrl.parts.envs import env_spec
+from zmqrl.parts.games import env_id
+from zmqrl.parts.models import build_model
 
 TOPOLOGY = Path(__file__).resolve().parents[1] / "topologies" / "alphazero.yaml"
 

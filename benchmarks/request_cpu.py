@@ -37,9 +37,9 @@ ENVS = 64
 
 
 def _node(raw: dict, name: str, tmp: Path) -> Any:
-    from zmqrl.endpoints import Endpoints
-    from zmqrl.node import NodeContext
-    from zmqrl.topology import from_dict, load_class
+    from zmqrl.bus.endpoints import Endpoints
+    from zmqrl.bus.node import NodeContext
+    from zmqrl.run.topology import from_dict, load_class
 
     topo = from_dict(raw)
     spec = topo.nodes[name]
@@ -58,8 +58,7 @@ def measure() -> dict[str, float]:
     import numpy as np
     import yaml
 
-    from zmqrl import wire
-
+    from zmqrl.bus import wire
     raw = yaml.safe_load((Path.cwd() / "topologies" / "seed.yaml").read_text())
     raw["nodes"]["learner"] = {"kind": "sink"}
     raw["nodes"]["actor"].update(replicas=1)

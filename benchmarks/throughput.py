@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from zmqrl.cli import _overrides
-from zmqrl.topology import load
+from zmqrl.run.topology import load
 
 
 def rows(path: Path) -> list[dict[str, str]]:

@@ -3,17 +3,17 @@
 The node is a shell: envs, parameters and metrics. What it does with each step is one
 of two drivers (``args.policy``):
 
-* ``remote`` (SEED RL, A2C): :class:`zmqrl.acting.remote.RemoteLanes` sends one
+* ``remote`` (SEED RL, A2C): :class:`zmqrl.parts.acting.remote.RemoteLanes` sends one
   ``step`` per vector of envs to the inference broker and applies the ``act`` reply;
   it never runs a model.
-* ``local`` (IMPALA, A3C, Ape-X, Gorila, R2D2): :class:`zmqrl.acting.local.LocalActing`
+* ``local`` (IMPALA, A3C, Ape-X, Gorila, R2D2): :class:`zmqrl.parts.acting.local.LocalActing`
   acts with a local copy of the model, refreshed from the ``params`` link, through the
-  behaviour the topology's parts name (``zmqrl.acting.behaviour_for``) with one
+  behaviour the topology's parts name (``zmqrl.parts.acting.behaviour_for``) with one
   connection, and ships its items: to ``experience`` (a learner or replay) or, as
   gradients, to a ``param_server`` (A3C).
 
 Box (continuous) actions are clipped to the bounds before the env sees them; what is
-recorded is the policy's own sample (see ``zmqrl.envs.env_action``).
+recorded is the policy's own sample (see ``zmqrl.parts.envs.env_action``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl import roles, wire
-from zmqrl.acting import EpisodeTracker, RewardScaler, apex_epsilon
-from zmqrl.acting.envs import behaviour_args
-from zmqrl.envs import env_action, env_spec, make_vector_env
-from zmqrl.metrics import EpisodeStats
-from zmqrl.node import Link, Node
-from zmqrl.topology import NodeSpec, Topology
+from zmqrl.bus import roles, wire
+from zmqrl.bus.metrics import EpisodeStats
+from zmqrl.bus.node import Link, Node
+from zmqrl.parts.acting import EpisodeTracker, RewardScaler, apex_epsilon
+from zmqrl.parts.acting.envs import behaviour_args
+from zmqrl.parts.envs import env_action, env_spec, make_vector_env
+from zmqrl.run.topology import NodeSpec, Topology
 
 
 class Actor(Node):
@@ -52,7 +52,7 @@ class Actor(Node):
         epsilon_base: float = 0.4
         epsilon_alpha: float = 7.0
         # Arguments for the behaviour, by name: numbers or per-replica schedules
-        # (zmqrl.acting.envs.behaviour_args); each behaviour reads those it knows.
+        # (zmqrl.parts.acting.envs.behaviour_args); each behaviour reads those it knows.
         behaviour_args: dict | None = None
         max_outbox: int = 2
         # Replay actors: transitions held back until this many go in one insert message
@@ -207,13 +207,13 @@ class Actor(Node):
 
 
 def _remote(actor: Actor) -> Any:
-    from zmqrl.acting.remote import RemoteLanes  # no torch: a remote actor runs no model
+    from zmqrl.parts.acting.remote import RemoteLanes  # no torch: a remote actor runs no model
 
     return RemoteLanes(actor)
 
 
 def _local(actor: Actor) -> Any:
-    from zmqrl.acting.local import LocalActing
+    from zmqrl.parts.acting.local import LocalActing
 
     return LocalActing(actor)
 

@@ -1,11 +1,11 @@
 """Inference broker (SEED RL): batches every actor connection's envs through one model.
 
-The broker is a batching core over behaviours (``zmqrl.acting``): it keeps one
+The broker is a batching core over behaviours (``zmqrl.parts.acting``): it keeps one
 behaviour per actor connection, the one the topology's parts name, and each loop
 turn takes every ``step`` that has arrived (never waiting for more unless
 ``max_wait_ms`` says so: waiting was the slowest policy measured), runs the model once
 per batch of up to ``max_batch`` envs over all those connections
-(:func:`zmqrl.acting.act_batched`), and replies ``act`` to each. What the behaviours
+(:func:`zmqrl.parts.acting.act_batched`), and replies ``act`` to each. What the behaviours
 ship — unrolls for the learner, sequences for a replay (SEED's R2D2) — goes out on the
 ``experience`` link under the consumer's credit; the broker loads the newest
 parameters the learner publishes.
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zmqrl import messages, roles, wire
-from zmqrl.acting import ActingSetup, Behaviour, EpisodeLog, act_batched, behaviour_for
-from zmqrl.acting.params import ParamsFollower
-from zmqrl.envs import env_spec
-from zmqrl.metrics import LatencyReservoir
-from zmqrl.node import Link, Node, Outbox
-from zmqrl.topology import NodeSpec, Topology, load_class
+from zmqrl.bus import messages, roles, wire
+from zmqrl.bus.metrics import LatencyReservoir
+from zmqrl.bus.node import Link, Node, Outbox
+from zmqrl.parts.acting import ActingSetup, Behaviour, EpisodeLog, act_batched, behaviour_for
+from zmqrl.parts.acting.params import ParamsFollower
+from zmqrl.parts.envs import env_spec
+from zmqrl.run.topology import NodeSpec, Topology, load_class
 
 
 class InferenceBroker(Node):
@@ -81,7 +81,7 @@ class InferenceBroker(Node):
         mode = spec.args.get("mode", "dynamic")
         if mode not in ("dynamic", "sync"):
             return [(("nodes", spec.name, "args", "mode"), f"'{mode}' is not dynamic or sync")]
-        from zmqrl.devices import check_precision
+        from zmqrl.parts.devices import check_precision
 
         problem = check_precision(spec.args.get("precision", "float32"),
                                   spec.args.get("device", "auto"))
@@ -92,8 +92,8 @@ class InferenceBroker(Node):
         # ports), and a node that runs no model must not load torch.
         import torch
 
-        from zmqrl.devices import resolve_precision
-        from zmqrl.models import build_model, pick_device
+        from zmqrl.parts.devices import resolve_precision
+        from zmqrl.parts.models import build_model, pick_device
 
         torch.set_num_threads(1)
         topo = self.ctx.topo

@@ -3,7 +3,7 @@
 The node follows the learner's parameters (a ``params`` SUB link, like the broker) and
 keeps its own snapshots of the policy: one every ``snapshot_every`` parameter versions
 (the ``self_play`` section's unless given), the newest ``pool_size`` of them. Every
-``eval_every_s`` it plays an evaluation (``zmqrl.selfplay.matches``), ``games`` games
+``eval_every_s`` it plays an evaluation (``zmqrl.parts.selfplay.matches``), ``games`` games
 per opponent with the seats alternating, of the latest policy (as it is when the
 evaluation starts) against:
 
@@ -12,7 +12,7 @@ evaluation starts) against:
   (wins / games) and ``eval/score_*`` (draws counting half);
 * every snapshot, ``round_robin_games`` games each; a new snapshot also plays every
   other one and the random player once. Elo ratings are fitted to all of these results
-  (``zmqrl.selfplay.elo``, the random player anchored at 0): ``population/elo_latest``.
+  (``zmqrl.parts.selfplay.elo``, the random player anchored at 0): ``population/elo_latest``.
 
 The results go into the node's metrics (CSV and TensorBoard under those tags), into
 ``league.json`` in the run directory (win rates, ratings, the pairwise table; rewritten
@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from zmqrl import wire
-from zmqrl.node import Link, Node
-from zmqrl.topology import NodeSpec, Topology
+from zmqrl.bus import wire
+from zmqrl.bus.node import Link, Node
+from zmqrl.run.topology import NodeSpec, Topology
 
 RANDOM = "random"
 
@@ -54,7 +54,7 @@ class League(Node):
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
-        from zmqrl.games import game_name
+        from zmqrl.parts.games import game_name
 
         errors = []
         for name in ("games", "round_robin_games", "mcts_simulations", "pool_size"):
@@ -71,11 +71,11 @@ class League(Node):
     def setup(self) -> None:
         import torch
 
-        from zmqrl.acting.params import ParamsFollower
-        from zmqrl.envs import env_spec
-        from zmqrl.games import Game, game_name
-        from zmqrl.models import build_model, pick_device
-        from zmqrl.selfplay.matches import MCTSPlayer, RandomPlayer
+        from zmqrl.parts.acting.params import ParamsFollower
+        from zmqrl.parts.envs import env_spec
+        from zmqrl.parts.games import Game, game_name
+        from zmqrl.parts.models import build_model, pick_device
+        from zmqrl.parts.selfplay.matches import MCTSPlayer, RandomPlayer
 
         torch.set_num_threads(1)
         topo, a = self.ctx.topo, self.args
@@ -114,8 +114,8 @@ class League(Node):
 
     # ----- an evaluation ------------------------------------------------------------
     def _start(self) -> None:
-        from zmqrl.acting.self_play import frozen_copy
-        from zmqrl.selfplay.matches import Evaluation, Match, PolicyPlayer
+        from zmqrl.parts.acting.self_play import frozen_copy
+        from zmqrl.parts.selfplay.matches import Evaluation, Match, PolicyPlayer
 
         a, version = self.args, self.params.version
         latest = PolicyPlayer(f"latest@v{version}", frozen_copy(self.model))
@@ -138,7 +138,7 @@ class League(Node):
         self.started_at = time.monotonic()
 
     def _finish(self) -> None:
-        from zmqrl.selfplay import elo
+        from zmqrl.parts.selfplay import elo
 
         evaluation, self.evaluation = self.evaluation, None
         latest = self.latest_name

@@ -1,6 +1,6 @@
 """Learner: trains the model on experience and hands the parameters on.
 
-A learner is a data source x an updater x the algorithm (``zmqrl.learning``), each a
+A learner is a data source x an updater x the algorithm (``zmqrl.parts.learning``), each a
 part named by the topology (``topo.parts_config``, :mod:`zmqrl.plugins`), not chosen by
 branches here:
 
@@ -27,7 +27,7 @@ Checkpoint and resume: ``checkpoints/<label>.pt`` in the run directory holds the
 the algorithm's state (optimizer, target network, its counters: ``algo.state_dict()``),
 the update and env-step counters, the episode statistics and the RNG states. It is
 written every ``checkpoint_every`` updates and at exit, crash-safely
-(``zmqrl.checkpoint.Checkpointer``). A learner that finds its checkpoint when it starts
+(``zmqrl.parts.checkpoint.Checkpointer``). A learner that finds its checkpoint when it starts
 (a restart after a crash, or ``zmqrl up --resume``) restores it and publishes the
 restored parameters with the restored update count as their version.
 """
@@ -41,12 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zmqrl import plugins, roles, wire
-from zmqrl.algo_config import Parts, config_type
-from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
-from zmqrl.envs import env_spec
-from zmqrl.node import Link, Node
-from zmqrl.topology import NodeSpec, Topology
+from zmqrl import plugins
+from zmqrl.bus import roles, wire
+from zmqrl.bus.node import Link, Node
+from zmqrl.parts.algo_config import Parts, config_type
+from zmqrl.parts.checkpoint import TORCH, Checkpointer, node_checkpoint
+from zmqrl.parts.envs import env_spec
+from zmqrl.run.topology import NodeSpec, Topology
 
 # torch and the parts made of it are imported where they are used, not here: every node
 # of a topology imports this class (for its ports), and a node that runs no model must
@@ -54,8 +55,8 @@ from zmqrl.topology import NodeSpec, Topology
 if TYPE_CHECKING:
     import torch
 
-    from zmqrl.learning.sources import Source
-    from zmqrl.learning.updaters import Updater
+    from zmqrl.parts.learning.sources import Source
+    from zmqrl.parts.learning.updaters import Updater
 
 # Data-parallel replicas report a digest of their parameters every this many updates
 # (metrics ``digest_updates``, ``params_digest``): equal digests at equal update counts
@@ -101,7 +102,7 @@ class Learner(Node):
         # AlphaZero's conv net trains ~1.5x as fast in bfloat16 on a CPU with AVX-512
         # BF16 (BENCHMARKS.md).
         precision: str = "float32"
-        # PBT (set by zmqrl/population.py): this member's index and hyperparameters
+        # PBT (set by zmqrl/run/population.py): this member's index and hyperparameters
         member: int = -1
         hyperparameters: dict | None = None
 
@@ -140,7 +141,7 @@ class Learner(Node):
             return [(("nodes", spec.name, "args", "precision"),
                      f"algo '{kind}' trains in float32 only (its config's "
                      "reduced_precision is False)")]
-        from zmqrl.devices import check_precision
+        from zmqrl.parts.devices import check_precision
 
         problem = check_precision(precision, spec.args.get("device", "auto"))
         return [(("nodes", spec.name, "args", "precision"), problem)] if problem else []
@@ -148,10 +149,10 @@ class Learner(Node):
     def setup(self) -> None:
         import torch
 
-        from zmqrl.algos import make_algo
-        from zmqrl.devices import pick_device, resolve_precision
-        from zmqrl.learning import checks
-        from zmqrl.models import build_model
+        from zmqrl.parts.algos import make_algo
+        from zmqrl.parts.devices import pick_device, resolve_precision
+        from zmqrl.parts.learning import checks
+        from zmqrl.parts.models import build_model
 
         torch.set_num_threads(1)
         topo = self.ctx.topo
@@ -173,7 +174,7 @@ class Learner(Node):
         self.source = self._make_source()
         self.pbt = None
         if "pbt" in self.ctx.spec.links:
-            from zmqrl.learning.pbt_member import PBTMember
+            from zmqrl.parts.learning.pbt_member import PBTMember
 
             self.pbt = PBTMember(self, self.args.member, self.args.hyperparameters or {})
         self.updates = 0
@@ -247,7 +248,7 @@ class Learner(Node):
         self.checkpointer.maybe_save(self.updates)
 
     def _publish(self) -> None:
-        from zmqrl.models import state_arrays
+        from zmqrl.parts.models import state_arrays
 
         self.send("params", wire.encode(wire.PARAMS, state_arrays(self.model),
                                         version=self.updates, source=self.incarnation))
@@ -258,7 +259,7 @@ class Learner(Node):
         others ignore a version they already hold)."""
         self._publish()
 
-    # ----- persistence (zmqrl.checkpoint.Saveable) ------------------------------------
+    # ----- persistence (zmqrl.parts.checkpoint.Saveable) ------------------------------------
     def save_checkpoint(self) -> None:
         self.checkpointer.save(self.updates)
 

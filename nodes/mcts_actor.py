@@ -2,7 +2,7 @@
 sends the finished games to a replay.
 
 The actor's games are split into ``lanes`` of ``games`` each; a lane is one
-:class:`zmqrl.search.mcts.SelfPlay` (one tree per game, advanced together). Each round
+:class:`zmqrl.parts.search.mcts.SelfPlay` (one tree per game, advanced together). Each round
 a lane collects one leaf per game and has them evaluated, by ``args.policy``:
 
 * ``remote``: the leaves go to the inference broker as one ``step`` (their observations;
@@ -18,7 +18,7 @@ Finished games go out on ``experience`` as one ``insert`` (``positions``: observ
 visit distribution, outcome) under the replay's credit; while positions wait for credit
 beyond ``max_waiting_positions``, the lanes pause, so a slow replay or learner slows
 self-play instead of growing memory. The game is the topology's env, an OpenSpiel id of
-``zmqrl.games``; the search's settings are the ``alphazero`` algorithm's.
+``zmqrl.parts.games``; the search's settings are the ``alphazero`` algorithm's.
 """
 
 from __future__ import annotations
@@ -30,17 +30,17 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl import messages, roles, wire
-from zmqrl.metrics import LatencyReservoir
-from zmqrl.node import Link, Node, Outbox
-from zmqrl.topology import NodeSpec, Topology
+from zmqrl.bus import messages, roles, wire
+from zmqrl.bus.metrics import LatencyReservoir
+from zmqrl.bus.node import Link, Node, Outbox
+from zmqrl.run.topology import NodeSpec, Topology
 
 POLICIES = ("remote", "local")
 
 
 @dataclass
 class _Lane:
-    play: Any  # zmqrl.search.mcts.SelfPlay
+    play: Any  # zmqrl.parts.search.mcts.SelfPlay
     socket: str = ""  # remote: its connection to the broker
     obs: np.ndarray | None = None  # leaves sent, awaiting their evaluation
     seq: int = 0
@@ -74,7 +74,7 @@ class MCTSActor(Node):
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
-        from zmqrl.games import game_name, has_mirror
+        from zmqrl.parts.games import game_name, has_mirror
 
         args, where = spec.args, ("nodes", spec.name)
         errors = []
@@ -87,7 +87,7 @@ class MCTSActor(Node):
         elif policy == "remote" and "policy" not in spec.links:
             errors.append(((*where, "links"), "policy: remote needs a 'policy' link (to an "
                                               "inference broker)"))
-        from zmqrl.devices import check_precision
+        from zmqrl.parts.devices import check_precision
 
         problem = check_precision(args.get("precision", "float32"), args.get("device", "cpu"))
         if problem:
@@ -110,9 +110,9 @@ class MCTSActor(Node):
         return errors
 
     def setup(self) -> None:
-        from zmqrl.envs import env_spec
-        from zmqrl.games import Game, game_name
-        from zmqrl.search.mcts import SearchParams, SelfPlay
+        from zmqrl.parts.envs import env_spec
+        from zmqrl.parts.games import Game, game_name
+        from zmqrl.parts.search.mcts import SearchParams, SelfPlay
 
         topo, a = self.ctx.topo, self.args
         self.game = Game(game_name(topo.env))
@@ -150,10 +150,10 @@ class MCTSActor(Node):
     def _local_model(self) -> None:
         import torch
 
-        from zmqrl.acting.params import ParamsFollower
-        from zmqrl.devices import resolve_precision
-        from zmqrl.models import build_model
-        from zmqrl.search.mcts import model_evaluator
+        from zmqrl.parts.acting.params import ParamsFollower
+        from zmqrl.parts.devices import resolve_precision
+        from zmqrl.parts.models import build_model
+        from zmqrl.parts.search.mcts import model_evaluator
 
         torch.set_num_threads(1)
         topo = self.ctx.topo

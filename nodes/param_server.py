@@ -10,7 +10,7 @@ without an update. Every ``publish_every`` updates the parameters also go out on
 Checkpoint and resume: ``checkpoints/<label>.pt`` in the run directory holds the model,
 the algorithm's state (optimizer, update counter, target network) and the version and
 env-step counters, written every ``checkpoint_every`` updates and at exit, crash-safely
-(:class:`zmqrl.checkpoint.Checkpointer`). A parameter server that finds it when it
+(:class:`zmqrl.parts.checkpoint.Checkpointer`). A parameter server that finds it when it
 starts (a restart after a crash, or ``zmqrl up --resume``) restores it and publishes the
 restored parameters with the restored version, so versions continue from there instead
 of starting again from 0 with initial parameters. Gradients applied after the last
@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zmqrl import messages, roles, wire
-from zmqrl.algo_config import config_type, learner_type
-from zmqrl.checkpoint import TORCH, Checkpointer, node_checkpoint
-from zmqrl.envs import env_spec
-from zmqrl.node import Node
-from zmqrl.topology import NodeSpec, Topology
+from zmqrl.bus import messages, roles, wire
+from zmqrl.bus.node import Node
+from zmqrl.parts.algo_config import config_type, learner_type
+from zmqrl.parts.checkpoint import TORCH, Checkpointer, node_checkpoint
+from zmqrl.parts.envs import env_spec
+from zmqrl.run.topology import NodeSpec, Topology
 
 _CHECKPOINT_FORMAT = 1
 _GRADS = messages.spec(wire.GRADS)
@@ -49,7 +49,7 @@ class ParamServer(Node):
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
-        from zmqrl.algos import ALGOS  # torch: only `up`, `validate` and this node check it
+        from zmqrl.parts.algos import ALGOS  # torch: only `up`, `validate` and this node check it
 
         kind = topo.algo.get("kind", "vtrace")
         try:
@@ -70,8 +70,8 @@ class ParamServer(Node):
         # ports), and a node that runs no model must not load torch.
         import torch
 
-        from zmqrl.algos import make_algo
-        from zmqrl.models import build_model, pick_device
+        from zmqrl.parts.algos import make_algo
+        from zmqrl.parts.models import build_model, pick_device
 
         torch.set_num_threads(1)
         topo = self.ctx.topo
@@ -93,7 +93,7 @@ class ParamServer(Node):
                           self.version)
         self._publish()  # the restored parameters, if any, with their version
 
-    # ----- persistence (zmqrl.checkpoint.Saveable) -------------------------------------
+    # ----- persistence (zmqrl.parts.checkpoint.Saveable) -------------------------------------
     def state(self) -> dict[str, Any]:
         return {"format": _CHECKPOINT_FORMAT, "model": self.model.state_dict(),
                 "algo": self.algo.state_dict(), "version": self.version,
@@ -115,7 +115,7 @@ class ParamServer(Node):
         if msg.type != wire.GRADS:
             raise wire.ProtocolError(f"grads port takes '{wire.GRADS}' or '{wire.GET_PARAMS}', "
                                      f"not '{msg.type}'")
-        # The declaration (zmqrl.messages): exactly the trainable parameters, float,
+        # The declaration (zmqrl.bus.messages): exactly the trainable parameters, float,
         # finite (one NaN would poison every parameter), integer counters.
         messages.check(msg, _GRADS, self.check)
         grads = [msg[name] for name in self.shapes]
@@ -129,7 +129,7 @@ class ParamServer(Node):
         self.checkpointer.maybe_save(self.version)
 
     def _params_message(self) -> list:
-        from zmqrl.models import state_arrays  # loaded by setup
+        from zmqrl.parts.models import state_arrays  # loaded by setup
 
         return wire.encode(wire.PARAMS, state_arrays(self.model), version=self.version,
                            source=self.incarnation)

@@ -1,7 +1,7 @@
 """PBT controller: ranks a population's members and has the weak copy the strong.
 
 Each member's learner (``args.member``, a ``pbt`` link to our ``members`` port: see
-zmqrl/population.py, which writes both) sends ``pbt_report`` every second. At a
+zmqrl/run/population.py, which writes both) sends ``pbt_report`` every second. At a
 member's ready point (every ``ready_after_steps`` env steps) :class:`Population` decides;
 an exploit asks the donor for its state (``pbt_get_state`` → ``pbt_state``: weights and
 optimizer state), forwards it with the new hyperparameters to the recipient
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from zmqrl import messages, wire
-from zmqrl.checkpoint import Checkpointer, Format, node_checkpoint
-from zmqrl.node import Node
-from zmqrl.population import Population, Settings
+from zmqrl.bus import messages, wire
+from zmqrl.bus.node import Node
+from zmqrl.parts.checkpoint import Checkpointer, Format, node_checkpoint
+from zmqrl.run.population import Population, Settings
 
 # An exploit whose donor or recipient does not answer within this is dropped (the
 # recipient's next ready point tries again).

@@ -1,8 +1,8 @@
-"""Replay node: a replay service over ``zmqrl.replay`` (table + sampler + rate limiter).
+"""Replay node: a replay service over ``zmqrl.parts.replay`` (table + sampler + rate limiter).
 
 ``experience`` (ROUTER) takes ``insert`` messages: batch-major items and an optional
 ``priority`` array. Their fields, dtypes, shapes and values are checked against the
-run's env and algorithm before anything is stored (``zmqrl.messages``: ``insert``
+run's env and algorithm before anything is stored (``zmqrl.bus.messages``: ``insert``
 transitions or sequences; actions inside the action space, finite floats, discounts in
 [0, 1], bool dones), because a bad item would be served to every learner again and
 again. ``sample`` (ROUTER) takes
@@ -21,11 +21,11 @@ The rate limiter decides when each may happen. A sample it refuses waits here (t
 learner simply gets its reply later); an insert it refuses waits too, and while one
 waits we stop reading ``experience``, so the actors' outboxes fill and they pause. So
 neither side can outrun the other, and the metrics say which one is waiting. Waiting
-samples are bounded (``zmqrl.replay.waiting``): per peer, per client (a learner that
+samples are bounded (``zmqrl.parts.replay.waiting``): per peer, per client (a learner that
 reconnects or restarts replaces its old requests) and in all; a request whose peer is
 gone when its turn comes is dropped with the rest of that peer's, its sample undone.
 
-Persistence (``zmqrl.checkpoint``: this node is the Saveable, a Checkpointer decides
+Persistence (``zmqrl.parts.checkpoint``: this node is the Saveable, a Checkpointer decides
 when): every ``checkpoint_every_s`` seconds (counted from the end of the last save) and
 at exit the table (items, keys, priorities, counters, sampler RNG) and the rate
 limiter's counters go to ``checkpoints/<label>.replay.npz`` in the run directory: plain
@@ -44,13 +44,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from zmqrl import messages, wire
-from zmqrl.checkpoint import NPZ, Checkpointer, node_checkpoint
-from zmqrl.envs import env_spec
-from zmqrl.node import Node
-from zmqrl.replay import RateLimiter, ReplayTable
-from zmqrl.replay.waiting import Request, WaitingSamples
-from zmqrl.topology import NodeSpec, Topology, load_class
+from zmqrl.bus import messages, wire
+from zmqrl.bus.node import Node
+from zmqrl.parts.checkpoint import NPZ, Checkpointer, node_checkpoint
+from zmqrl.parts.envs import env_spec
+from zmqrl.parts.replay import RateLimiter, ReplayTable
+from zmqrl.parts.replay.waiting import Request, WaitingSamples
+from zmqrl.run.topology import NodeSpec, Topology, load_class
 
 SAMPLERS = ("uniform", "prioritized", "fifo")
 _SAMPLE = messages.spec(wire.SAMPLE)
@@ -85,7 +85,7 @@ class Replay(Node):
     @classmethod
     def samples_by_priority(cls, spec: NodeSpec) -> bool:
         """Whether this replay samples by priority, so that inserts should carry |δ|
-        (``zmqrl.acting.q_learning.replay_samples_by_priority`` asks)."""
+        (``zmqrl.parts.acting.q_learning.replay_samples_by_priority`` asks)."""
         return spec.args.get("sampler", "uniform") == "prioritized"
 
     @classmethod
@@ -123,7 +123,7 @@ class Replay(Node):
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
         # What producers must insert: the item kind of the algorithm's family (n-step
         # transitions, R2D2's sequences, AlphaZero's positions); the declarations are
-        # zmqrl.messages'.
+        # zmqrl.bus.messages'.
         # (A replay in a topology whose learner takes unrolls holds transitions: what a
         # replay holds when nothing names its items.)
         parts = topo.parts_config
@@ -250,7 +250,7 @@ class Replay(Node):
             if waiting:
                 self._waits_since["sample"] = now
 
-    # ----- checkpoints (zmqrl.checkpoint.Saveable) ------------------------------------
+    # ----- checkpoints (zmqrl.parts.checkpoint.Saveable) ------------------------------------
     def state(self) -> dict[str, Any]:
         state = self.table.state_dict()
         state.update({_LIMITER_PREFIX + k: v for k, v in self.limiter.state_dict().items()})

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from zmqrl import wire
-from zmqrl.node import Node
+from zmqrl.bus import wire
+from zmqrl.bus.node import Node
 
 
 class Sink(Node):

@@ -20,7 +20,7 @@ import pytest
 import yaml
 import zmq
 
-from zmqrl import sockets, wire
+from zmqrl.bus import sockets, wire
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def processes() -> Iterator[Processes]:
 
 def write_topology(tmp_path: Path, base: str = "seed.yaml", **overrides) -> Path:
     """A copy of a repository topology with ``overrides`` deep-merged in."""
-    from zmqrl.topology import merge
+    from zmqrl.run.topology import merge
 
     raw = yaml.safe_load((REPO / "topologies" / base).read_text())
     path = tmp_path / f"topology-{len(list(tmp_path.glob('topology-*')))}.yaml"

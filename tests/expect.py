@@ -25,7 +25,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from zmqrl.topology import SCHEMA, Topology
+from zmqrl.run.topology import SCHEMA, Topology
 
 
 @dataclass(frozen=True)

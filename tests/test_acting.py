@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl import wire
-from zmqrl.acting import (
+from zmqrl.bus import wire
+from zmqrl.parts.acting import (
     ActingSetup,
     ActorCriticBehaviour,
     EpsilonGreedyBehaviour,
@@ -19,9 +19,9 @@ from zmqrl.acting import (
     act_batched,
     behaviour_for,
 )
-from zmqrl.algo_config import DQNConfig, R2D2Config, VTraceConfig
-from zmqrl.envs import EnvSpec
-from zmqrl.models import build_model
+from zmqrl.parts.algo_config import DQNConfig, R2D2Config, VTraceConfig
+from zmqrl.parts.envs import EnvSpec
+from zmqrl.parts.models import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),
@@ -167,8 +167,8 @@ def test_inserts_wait_for_insert_batch_and_carry_priorities_only_when_asked():
 
 
 def test_only_a_prioritized_replay_is_sent_priorities(tmp_path):
-    from zmqrl.acting.q_learning import replay_samples_by_priority
-    from zmqrl.topology import load as load_topology
+    from zmqrl.parts.acting.q_learning import replay_samples_by_priority
+    from zmqrl.run.topology import load as load_topology
 
     apex = load_topology(REPO / "topologies" / "apex.yaml")
     # gorila.yaml samples by priority; the Gorila paper's uniform replay is one line away
@@ -186,7 +186,7 @@ def test_each_registered_algorithm_names_a_behaviour_shipping_what_its_learner_t
     """Whatever algorithms are registered (built-in or plug-in), the behaviour the broker
     and the local actor both resolve for each ships what its consumer takes: unrolls to
     an unroll learner, inserts to a replay, gradients to a parameter server (A3C)."""
-    from zmqrl.algo_config import CONFIGS, UNROLLS
+    from zmqrl.parts.algo_config import CONFIGS, UNROLLS
 
     for kind, cfg in CONFIGS.items():
         ships = behaviour_for(cfg).ships

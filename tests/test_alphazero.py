@@ -14,22 +14,22 @@ import yaml
 
 pytest.importorskip("pyspiel")
 
-from zmqrl import messages, wire  # noqa: E402
-from zmqrl.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
-from zmqrl.algo_config import SEARCH, AlphaZeroConfig  # noqa: E402
-from zmqrl.algos.alphazero import AlphaZeroLearner  # noqa: E402
-from zmqrl.envs import env_spec  # noqa: E402
-from zmqrl.games import Game, GameEnv, env_id, game_name  # noqa: E402
-from zmqrl.models import build_model  # noqa: E402
-from zmqrl.search.mcts import (  # noqa: E402
+from zmqrl.bus import messages, wire  # noqa: E402
+from zmqrl.parts.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
+from zmqrl.parts.algo_config import SEARCH, AlphaZeroConfig  # noqa: E402
+from zmqrl.parts.algos.alphazero import AlphaZeroLearner  # noqa: E402
+from zmqrl.parts.envs import env_spec  # noqa: E402
+from zmqrl.parts.games import Game, GameEnv, env_id, game_name  # noqa: E402
+from zmqrl.parts.models import build_model  # noqa: E402
+from zmqrl.parts.search.mcts import (  # noqa: E402
     BatchedMCTS,
     SearchParams,
     SelfPlay,
     search,
     uniform_for,
 )
-from zmqrl.search.minimax import Minimax  # noqa: E402
-from zmqrl.topology import TopologyError, from_dict  # noqa: E402
+from zmqrl.parts.search.minimax import Minimax  # noqa: E402
+from zmqrl.run.topology import TopologyError, from_dict  # noqa: E402
 
 from conftest import REPO, read_csv  # noqa: E402
 
@@ -336,7 +336,7 @@ def test_conv_net_acts_channels_last_with_plain_parameters():
     """pv_conv runs its activations channels-last (faster on CPU) and gives what the
     same layers give on plain NCHW tensors; its parameters stay C-contiguous arrays, so
     they cross the wire and load into another copy unchanged; and it still learns."""
-    from zmqrl.models import load_state_arrays, state_arrays
+    from zmqrl.parts.models import load_state_arrays, state_arrays
 
     spec = env_spec({"id": env_id("connect_four")})
     model = build_model({"kind": "pv_conv", "hidden": 16}, spec, seed=0)

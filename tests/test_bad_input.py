@@ -7,9 +7,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from zmqrl import wire
-from zmqrl.endpoints import Endpoints
-from zmqrl.topology import load
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.run.topology import load
 
 from conftest import read_csv, wait_for, write_topology
 

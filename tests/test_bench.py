@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from zmqrl.runmetrics import RunMetrics, StopConditions
-from zmqrl.topology import load
+from zmqrl.run.runmetrics import RunMetrics, StopConditions
+from zmqrl.run.topology import load
 
 from conftest import REPO, read_csv
 
@@ -45,12 +45,12 @@ def test_every_node_reports_its_cpu_use(tmp_path):
     the figure is compared, not assumed to be 1 or 0)."""
     import time
 
-    from zmqrl.endpoints import Endpoints
-    from zmqrl.node import Node, NodeContext
-    from zmqrl.topology import from_dict
+    from zmqrl.bus.endpoints import Endpoints
+    from zmqrl.bus.node import Node, NodeContext
+    from zmqrl.run.topology import from_dict
 
     topo = from_dict({"name": "cpu", "env": {"id": "CartPole-v1"},
-                      "nodes": {"n": {"impl": "zmqrl.node:Node"}}})
+                      "nodes": {"n": {"impl": "zmqrl.bus.node:Node"}}})
     node = Node(NodeContext(topo, topo.nodes["n"], 0, tmp_path, Endpoints(topo, tmp_path)))
     # Each interval runs from the start of one report to the start of the next, as the
     # node measures it: the report's own work (CSV, TensorBoard) falls in the interval.

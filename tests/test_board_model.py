@@ -10,9 +10,9 @@ import torch
 
 pytest.importorskip("pyspiel")
 
-from zmqrl.envs import env_spec  # noqa: E402
-from zmqrl.games import GameEnv, env_id  # noqa: E402
-from zmqrl.models import build_model  # noqa: E402
+from zmqrl.parts.envs import env_spec  # noqa: E402
+from zmqrl.parts.games import GameEnv, env_id  # noqa: E402
+from zmqrl.parts.models import build_model  # noqa: E402
 
 
 def positions(game: str, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -11,13 +11,13 @@ import torch
 from torch import nn
 from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
 
-from zmqrl.algos.a2c import A2CConfig, A2CLearner
-from zmqrl.algos.actor_critic import evaluate_unrolls
-from zmqrl.algos.vtrace import VTraceConfig, VTraceLearner, impala_loss, vtrace
-from zmqrl.envs import EnvSpec
-from zmqrl.models import build_model, load_state_arrays, state_arrays
-from zmqrl.models.feedforward import ActorCritic, _init, mlp
-from zmqrl.models.normalization import RunningNorm
+from zmqrl.parts.algos.a2c import A2CConfig, A2CLearner
+from zmqrl.parts.algos.actor_critic import evaluate_unrolls
+from zmqrl.parts.algos.vtrace import VTraceConfig, VTraceLearner, impala_loss, vtrace
+from zmqrl.parts.envs import EnvSpec
+from zmqrl.parts.models import build_model, load_state_arrays, state_arrays
+from zmqrl.parts.models.feedforward import ActorCritic, _init, mlp
+from zmqrl.parts.models.normalization import RunningNorm
 
 DISCRETE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),
                    action_dtype=np.dtype(np.int64), num_actions=3)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from zmqrl import cores
-from zmqrl.topology import TopologyError, load
+from zmqrl.bus import cores
+from zmqrl.run.topology import TopologyError, load
 
 from conftest import read_csv, wait_for, write_topology
 
@@ -71,7 +71,7 @@ def test_plan_gives_the_replica_its_core_and_the_rest_the_other_cores(tmp_path):
 
 
 def test_bench_pins_the_first_cores_and_leaves_one_for_the_rest():
-    from zmqrl.bench import actor_cores
+    from zmqrl.run.bench import actor_cores
 
     assert actor_cores(1, pin=False) is None
     if len(AVAILABLE) >= 2:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from zmqrl import wire
+from zmqrl.bus import wire
 
 from conftest import wait_for, write_topology
 

@@ -1,4 +1,4 @@
-"""Devices: how batches reach the model (``zmqrl.devices``), and the CUDA paths.
+"""Devices: how batches reach the model (``zmqrl.parts.devices``), and the CUDA paths.
 
 The CPU tests run everywhere. Tests marked ``gpu`` need a CUDA device and are skipped
 cleanly without one (``pytest -m gpu`` runs only them on a GPU machine): the pinned
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.devices import HostToDevice, pick_device
+from zmqrl.parts.devices import HostToDevice, pick_device
 
 from conftest import REPO
 

@@ -1,4 +1,4 @@
-"""Data-parallel learner groups (``zmqrl.distributed``), as real processes.
+"""Data-parallel learner groups (``zmqrl.parts.distributed``), as real processes.
 
 * The group stays on loopback (defect: with ``network.curve`` on, gloo's rendezvous and
   gradients were plaintext tcp on the network): every socket a rank listens on is a
@@ -29,8 +29,8 @@ from conftest import Processes, free_base_port, stop_all, wait_for, write_topolo
 RANK = """
 import sys, time, torch
 from pathlib import Path
-from zmqrl import distributed
-from zmqrl.topology import load
+from zmqrl.parts import distributed
+from zmqrl.run.topology import load
 topo = load(sys.argv[1])
 spec = topo.nodes["learner"]
 rank = int(sys.argv[3])

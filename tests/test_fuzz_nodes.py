@@ -4,7 +4,7 @@ An inference broker, a learner, a replay and a parameter server run as their own
 processes (``zmqrl node``, ipc). Every ROUTER port they bind gets batches of random
 frames, garbled msgpack headers, valid headers with missing, extra or resized array
 frames, fields and array entries of the wrong type, and mutations of valid messages of
-every type (``zmqrl.wire.encode``). After each batch a good ``ping`` on the same port
+every type (``zmqrl.bus.wire.encode``). After each batch a good ``ping`` on the same port
 must still get its ``pong`` within a deadline (no crash, no hang, the port still read);
 at the end every node must have counted (``bad_messages``) and logged its rejections.
 
@@ -35,10 +35,10 @@ import zmq
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from zmqrl import wire
-from zmqrl.endpoints import Endpoints
-from zmqrl.node import NodeContext
-from zmqrl.topology import from_dict, load, load_class
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.bus.node import NodeContext
+from zmqrl.run.topology import from_dict, load, load_class
 
 from conftest import Processes, read_csv, stop_all, wait_for
 
@@ -268,8 +268,8 @@ _SHAPES: dict[str, tuple[int, ...]] = {}
 def model_shapes() -> dict[str, tuple[int, ...]]:
     """The trainable parameters of the topology's model (what ``grads`` must name)."""
     if not _SHAPES:
-        from zmqrl.envs import env_spec
-        from zmqrl.models import build_model
+        from zmqrl.parts.envs import env_spec
+        from zmqrl.parts.models import build_model
 
         model = build_model(TOPOLOGY["model"], env_spec(TOPOLOGY["env"]))
         _SHAPES.update({k: tuple(p.shape) for k, p in model.named_parameters()})
@@ -614,9 +614,8 @@ OTHER_DTYPE = {"float32": "float64", "float64": "float32", "bool": "uint8", "int
 @st.composite
 def violation(draw: st.DrawFn, msg_type: str, key: str) -> list:
     """A valid message of ``msg_type`` with one value or dtype broken, such that
-    ``zmqrl.messages.check`` rejects it (so the port must too)."""
-    from zmqrl import messages
-
+    ``zmqrl.bus.messages.check`` rejects it (so the port must too)."""
+    from zmqrl.bus import messages
     frames = draw(valid_message(msg_type))
     msg = wire.decode([bytes(f) for f in frames])
     arrays = {k: np.array(v) for k, v in msg.arrays.items()}
@@ -653,9 +652,9 @@ _CONTEXT: list = []
 
 
 def _fuzz_context() -> Any:
-    from zmqrl import messages
-    from zmqrl.envs import env_spec
-    from zmqrl.models import build_model
+    from zmqrl.bus import messages
+    from zmqrl.parts.envs import env_spec
+    from zmqrl.parts.models import build_model
 
     if not _CONTEXT:
         env = env_spec(TOPOLOGY["env"])
@@ -666,7 +665,7 @@ def _fuzz_context() -> Any:
 
 @pytest.mark.parametrize("node,port", list(DECLARED), ids=[f"{n}.{p}" for n, p in DECLARED])
 def test_bad_values_and_dtypes_get_an_error_reply(targets, node, port):
-    """Every port checks values and dtypes against the declarations (zmqrl.messages):
+    """Every port checks values and dtypes against the declarations (zmqrl.bus.messages):
     a message that breaks one is answered ``error`` and does not reach the node's work."""
     target = targets[0][(node, port)]
     msg_type, key = DECLARED[(node, port)]

@@ -41,9 +41,9 @@ import zmq
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from zmqrl import wire
-from zmqrl.endpoints import supervisor_address
-from zmqrl.labels import label as make_label
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import supervisor_address
+from zmqrl.bus.labels import label as make_label
 
 from conftest import read_csv, stop_process, wait_for, write_topology
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from zmqrl.endpoints import UnsafeDirectoryError, ipc_dir
+from zmqrl.bus.endpoints import UnsafeDirectoryError, ipc_dir
 
 from conftest import stop_all, wait_for, write_topology
 

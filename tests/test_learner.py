@@ -21,11 +21,11 @@ import pytest
 import yaml
 import zmq
 
-from zmqrl import sockets, wire
-from zmqrl.endpoints import Endpoints
-from zmqrl.envs import env_spec
-from zmqrl.models import build_model, state_arrays
-from zmqrl.topology import load
+from zmqrl.bus import sockets, wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.parts.envs import env_spec
+from zmqrl.parts.models import build_model, state_arrays
+from zmqrl.run.topology import load
 
 from conftest import read_csv, wait_for
 
@@ -361,9 +361,9 @@ def test_gorila_target_network_follows_the_servers_version():
 
     import torch
 
-    from zmqrl.algos import make_algo
-    from zmqrl.learning.checks import context
-    from zmqrl.learning.updaters import GradientPush
+    from zmqrl.parts.algos import make_algo
+    from zmqrl.parts.learning.checks import context
+    from zmqrl.parts.learning.updaters import GradientPush
 
     env = env_spec({"id": "CartPole-v1"})
     model = build_model(Q_MODEL, env, seed=0)
@@ -406,8 +406,8 @@ def test_replay_client_keeps_at_most_prefetch_batches_asked_or_waiting():
     batches nobody trained on. Asked-for plus waiting stays within ``prefetch``."""
     import torch
 
-    from zmqrl.learning.checks import context
-    from zmqrl.learning.sources import ReplayClient
+    from zmqrl.parts.learning.checks import context
+    from zmqrl.parts.learning.sources import ReplayClient
 
     spec = env_spec({"id": "CartPole-v1"})
     model = build_model({"kind": "dueling_mlp", "hidden": [8]}, spec)

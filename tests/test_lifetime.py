@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from zmqrl import lifetime
+from zmqrl.bus import lifetime
 
 from conftest import read_csv, stop_process, wait_for, write_topology
 

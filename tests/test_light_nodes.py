@@ -25,9 +25,9 @@ import pytest
 import yaml
 import zmq
 
-from zmqrl import sockets, wire
-from zmqrl.endpoints import Endpoints
-from zmqrl.topology import TopologyError, from_dict, load
+from zmqrl.bus import sockets, wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.run.topology import TopologyError, from_dict, load
 
 from conftest import REPO, pid_of, read_csv, stop_process, wait_for, write_topology
 
@@ -151,15 +151,15 @@ def test_remote_actor_steps_its_envs_without_torch(processes, tmp_path):
         broker.close()
     print(f"\nremote actor: first step after {wall:.2f} s wall, {cpu:.2f} s CPU; "
           f"peak RSS {rss:.0f} MiB")
-    check_imports(log, "zmqrl.acting.remote")
+    check_imports(log, "zmqrl.parts.acting.remote")
     assert rss <= MAX_RSS_MIB
     assert cpu <= MAX_CPU_S
 
 
 @pytest.mark.parametrize("base, node, port, overrides, module", [
-    ("apex.yaml", "replay", "sample", {}, "zmqrl.replay.table"),
+    ("apex.yaml", "replay", "sample", {}, "zmqrl.parts.replay.table"),
     ("seed.yaml", "learner", "experience", {"nodes": {"learner": {"kind": "sink"}}},
-     "zmqrl.node"),
+     "zmqrl.bus.node"),
 ], ids=["replay", "sink"])
 def test_node_without_a_model_starts_without_torch(processes, client_factory, tmp_path,
                                                    base, node, port, overrides, module):
@@ -204,7 +204,7 @@ def test_remote_actors_of_a_seed_run_hold_no_torch(processes, tmp_path):
     rss = check_light(pid_of(run_dir, "actor"))
     stop_process(proc)
     print(f"\nremote actor under zmqrl up: peak RSS {rss:.0f} MiB")
-    check_imports(run_dir / "logs" / "actor.log", "zmqrl.acting.remote")
+    check_imports(run_dir / "logs" / "actor.log", "zmqrl.parts.acting.remote")
     assert torch_modules(imported_modules(run_dir / "logs" / "broker.log"))
     assert rss <= MAX_RSS_MIB
 

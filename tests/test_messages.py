@@ -1,4 +1,4 @@
-"""zmqrl.messages: every declared rule accepts a good message and rejects a bad one with
+"""zmqrl.bus.messages: every declared rule accepts a good message and rejects a bad one with
 a clear error, and docs/protocol.md holds exactly the generated tables."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zmqrl import messages, wire
-from zmqrl.envs import env_spec
+from zmqrl.bus import messages, wire
+from zmqrl.parts.envs import env_spec
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 BEGIN, END = "<!-- messages:begin -->", "<!-- messages:end -->"
@@ -219,7 +219,7 @@ def test_sequences_check_their_length_and_state_size():
 
 
 def test_model_tensors_are_exactly_the_models():
-    from zmqrl.models import build_model, state_arrays
+    from zmqrl.parts.models import build_model, state_arrays
 
     model = build_model({"kind": "mlp", "hidden": [8]}, CARTPOLE)
     context = ctx(model=model)
@@ -269,13 +269,13 @@ def test_protocol_doc_holds_the_generated_tables():
     assert text.count(BEGIN) == 1 and text.count(END) == 1, f"{DOC} lacks the markers"
     block = text.split(BEGIN)[1].split(END)[0].strip("\n") + "\n"
     assert block == messages.markdown(), (
-        "docs/protocol.md's message tables differ from zmqrl/messages.py: regenerate them "
-        "with `python -m zmqrl.messages --write docs/protocol.md` (it replaces what stands "
+        "docs/protocol.md's message tables differ from zmqrl/bus/messages.py: regenerate them "
+        "with `python -m zmqrl.bus.messages --write docs/protocol.md` (it replaces what stands "
         f"between the markers {BEGIN} and {END})")
 
 
 def test_the_module_prints_the_tables():
-    out = subprocess.run([sys.executable, "-m", "zmqrl.messages"], check=True,
+    out = subprocess.run([sys.executable, "-m", "zmqrl.bus.messages"], check=True,
                          capture_output=True, text=True, timeout=60).stdout
     assert out == messages.markdown()
     for spec in messages.MESSAGES:

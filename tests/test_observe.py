@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from zmqrl import tensorboard as tb
+from zmqrl.bus import tensorboard as tb
 from zmqrl.cli import main
-from zmqrl.progress import Progress, _done_text
-from zmqrl.runmetrics import StopConditions
+from zmqrl.run.progress import Progress, _done_text
+from zmqrl.run.runmetrics import StopConditions
 
 from conftest import REPO, Processes, read_csv, stop_process, wait_for, write_topology
 
@@ -221,7 +221,7 @@ def test_plot_writes_a_png_of_the_asked_size(runs, tmp_path):
 
 
 def test_plot_groups_seeds_by_topology(runs):
-    from zmqrl.plot import group, load_curve
+    from zmqrl.run.plot import group, load_curve
 
     one, two = load_curve(runs.with_tb), load_curve(runs.without_tb)
     assert one.steps[-1] > 0 and (one.seconds == sorted(one.seconds)).all()
@@ -288,7 +288,7 @@ def test_states_from_the_files_without_a_supervisor(tmp_path):
     """A honcho run's view: the nodes' own files, their pids and ages say the state."""
     import json
 
-    from zmqrl.status import NodeStatus, snapshot, write_supervisor
+    from zmqrl.bus.status import NodeStatus, snapshot, write_supervisor
 
     def node(label: str, incarnation: str = "a") -> NodeStatus:
         return NodeStatus(tmp_path, label, label, 0, "actor", incarnation, 2.0,
@@ -332,7 +332,7 @@ def test_a_narrow_terminal_loses_columns_not_letters(tmp_path):
 
     from rich.console import Console
 
-    from zmqrl.status import NodeStatus, render, snapshot
+    from zmqrl.bus.status import NodeStatus, render, snapshot
 
     status = NodeStatus(tmp_path, "broker.12", "broker", 12,
                         "inference_broker", "abcdef123456", 2.0, "seed-cartpole", "CartPole-v1")

@@ -13,12 +13,12 @@ import torch
 import yaml
 import zmq
 
-from zmqrl import wire
-from zmqrl.algos import make_algo
-from zmqrl.endpoints import Endpoints
-from zmqrl.envs import env_spec
-from zmqrl.models import build_model
-from zmqrl.topology import load
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.parts.algos import make_algo
+from zmqrl.parts.envs import env_spec
+from zmqrl.parts.models import build_model
+from zmqrl.run.topology import load
 
 from conftest import Client, wait_for
 

@@ -11,9 +11,9 @@ import random
 import pytest
 
 from nodes.pbt import JSON
-from zmqrl.checkpoint import Checkpointer
-from zmqrl.population import Member, Population, Settings, decide, expand
-from zmqrl.topology import TopologyError, load
+from zmqrl.parts.checkpoint import Checkpointer
+from zmqrl.run.population import Member, Population, Settings, decide, expand
+from zmqrl.run.topology import TopologyError, load
 
 from conftest import REPO, read_csv, wait_for, write_topology
 

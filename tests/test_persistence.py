@@ -1,4 +1,4 @@
-"""The persistence interface (zmqrl/checkpoint.py): one policy for when to save, two
+"""The persistence interface (zmqrl/parts/checkpoint.py): one policy for when to save, two
 formats, and restores that either take the whole state or say which file they refused."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.checkpoint import NPZ, TORCH, Checkpointer, Saveable, node_checkpoint
+from zmqrl.parts.checkpoint import NPZ, TORCH, Checkpointer, Saveable, node_checkpoint
 
 from conftest import wait_for
 

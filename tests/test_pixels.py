@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl import messages, wire
+from zmqrl.bus import messages, wire
 from zmqrl.cli import _overrides
-from zmqrl.envs import env_spec, make_vector_env, obs_wire_dtype
-from zmqrl.models import MODEL_ALGOS, MODEL_KINDS, build_model
-from zmqrl.topology import load
-from zmqrl.unroll import UnrollBuilder
+from zmqrl.parts.envs import env_spec, make_vector_env, obs_wire_dtype
+from zmqrl.parts.models import MODEL_ALGOS, MODEL_KINDS, build_model
+from zmqrl.parts.unroll import UnrollBuilder
+from zmqrl.run.topology import load
 
 from conftest import REPO, read_csv
 

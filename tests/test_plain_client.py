@@ -17,9 +17,9 @@ import pytest
 import yaml
 import zmq
 
-from zmqrl import wire
-from zmqrl.endpoints import Endpoints
-from zmqrl.topology import load
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.run.topology import load
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_S = 30.0  # torch import on a cold, busy machine; normally ~2 s

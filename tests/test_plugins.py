@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from zmqrl import plugins
 from zmqrl.cli import main
-from zmqrl.topology import TopologyError, load
+from zmqrl.run.topology import TopologyError, load
 
 from conftest import REPO, read_csv, write_topology
 from expect import expectation
@@ -52,9 +52,9 @@ def test_builtin_parts_are_registered_through_the_entry_points_a_plugin_uses():
     (("algo", "kind"), "sarsa", "field 'algo.kind': unknown algorithm 'sarsa' (known: "),
     (("model", "kind"), "no_such_net", "field 'model': model.kind: unknown model 'no_such_net'"),
     (("parts", "behaviour"), "wobble", "field 'parts.behaviour': unknown behaviour 'wobble'"),
-    (("parts", "behaviour"), "zmqrl.acting.envs:EpisodeTracker",
-     "field 'parts.behaviour': behaviour 'zmqrl.acting.envs:EpisodeTracker' is not a "
-     "zmqrl.acting.Behaviour subclass"),
+    (("parts", "behaviour"), "zmqrl.parts.acting.envs:EpisodeTracker",
+     "field 'parts.behaviour': behaviour 'zmqrl.parts.acting.envs:EpisodeTracker' is not a "
+     "zmqrl.parts.acting.Behaviour subclass"),
     (("parts", "source"), "nowhere:Source", "field 'parts.source': source 'nowhere:Source' "
                                             "cannot be loaded"),
     (("parts", "items"), "marbles", "field 'parts.items': 'marbles' is no item kind"),
@@ -70,7 +70,7 @@ def test_a_part_that_resolves_to_nothing_is_an_error_naming_it(tmp_path, field, 
 
 def test_a_behaviour_lacking_a_method_is_a_validate_error_naming_it(tmp_path):
     (tmp_path / "half_done.py").write_text(textwrap.dedent("""
-        from zmqrl.acting.behaviour import Behaviour
+        from zmqrl.parts.acting.behaviour import Behaviour
 
         class HalfDone(Behaviour):
             def inputs(self):
@@ -115,7 +115,7 @@ import os
 from pathlib import Path
 
 from nodes.actor import Actor
-from zmqrl.acting.actor_critic import ActorCriticBehaviour
+from zmqrl.parts.acting.actor_critic import ActorCriticBehaviour
 
 
 class CountingActor(Actor):
@@ -188,7 +188,7 @@ while True:
 def test_a_command_node_counts_by_the_role_it_says(processes, tmp_path, role):
     """A command node that says it acts counts its env steps toward --max-steps exactly
     as a built-in actor would; one that says no role is not counted."""
-    from zmqrl.endpoints import supervisor_address
+    from zmqrl.bus.endpoints import supervisor_address
 
     script = tmp_path / "counting.py"
     script.write_text(COMMAND_NODE)
@@ -211,7 +211,7 @@ def test_a_command_node_counts_by_the_role_it_says(processes, tmp_path, role):
 
 
 def test_behaviour_args_take_numbers_and_per_replica_schedules():
-    from zmqrl.acting.envs import apex_epsilon, behaviour_args
+    from zmqrl.parts.acting.envs import apex_epsilon, behaviour_args
 
     given = {"noise": 0.3, "temperature": {"linear": [0.2, 0.02]},
              "epsilon": {"apex": {"base": 0.4, "alpha": 7}}, "scale": {"per_replica": [1, 2, 3]}}

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.algos import ALGOS, UNROLL_ALGOS, make_algo
-from zmqrl.algos.a2c import nstep_returns
-from zmqrl.algos.ppo import PPOConfig, PPOLearner, gae, ppo_loss
-from zmqrl.envs import EnvSpec
-from zmqrl.models import build_model
+from zmqrl.parts.algos import ALGOS, UNROLL_ALGOS, make_algo
+from zmqrl.parts.algos.a2c import nstep_returns
+from zmqrl.parts.algos.ppo import PPOConfig, PPOLearner, gae, ppo_loss
+from zmqrl.parts.envs import EnvSpec
+from zmqrl.parts.models import build_model
 
 BOX = EnvSpec(obs_shape=(3,), obs_dtype=np.dtype(np.float32), action_shape=(2,),
               action_dtype=np.dtype(np.float32), num_actions=None,

@@ -17,8 +17,8 @@ import yaml
 
 pytest.importorskip("pyspiel")
 
-from zmqrl.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
-from zmqrl.algo_config import (  # noqa: E402
+from zmqrl.parts.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
+from zmqrl.parts.algo_config import (  # noqa: E402
     REPLAY,
     SEARCH,
     SEQUENCE,
@@ -26,17 +26,17 @@ from zmqrl.algo_config import (  # noqa: E402
     DQNConfig,
     R2D2Config,
 )
-from zmqrl.algos.alphazero import AlphaZeroLearner  # noqa: E402
-from zmqrl.devices import (  # noqa: E402
+from zmqrl.parts.algos.alphazero import AlphaZeroLearner  # noqa: E402
+from zmqrl.parts.devices import (  # noqa: E402
     autocast,
     check_precision,
     native_bfloat16,
     resolve_precision,
 )
-from zmqrl.envs import EnvSpec, env_spec  # noqa: E402
-from zmqrl.games import env_id  # noqa: E402
-from zmqrl.models import build_model, load_state_arrays, state_arrays  # noqa: E402
-from zmqrl.topology import TopologyError, from_dict  # noqa: E402
+from zmqrl.parts.envs import EnvSpec, env_spec  # noqa: E402
+from zmqrl.parts.games import env_id  # noqa: E402
+from zmqrl.parts.models import build_model, load_state_arrays, state_arrays  # noqa: E402
+from zmqrl.run.topology import TopologyError, from_dict  # noqa: E402
 
 from conftest import REPO  # noqa: E402
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.algos import ALGOS, make_algo
-from zmqrl.algos.r2d2 import (
+from zmqrl.parts.algos import ALGOS, make_algo
+from zmqrl.parts.algos.r2d2 import (
     R2D2Config,
     R2D2Learner,
     first_flags,
@@ -20,10 +20,10 @@ from zmqrl.algos.r2d2 import (
     sequence_priorities,
     sequence_td,
 )
-from zmqrl.envs import EnvSpec
-from zmqrl.models import MODEL_KINDS, build_model
-from zmqrl.models.recurrent import LSTMCore, RecurrentQNetwork
-from zmqrl.sequences import RecurrentEnvs, SequenceBuilder, truncation_bootstrap
+from zmqrl.parts.envs import EnvSpec
+from zmqrl.parts.models import MODEL_KINDS, build_model
+from zmqrl.parts.models.recurrent import LSTMCore, RecurrentQNetwork
+from zmqrl.parts.sequences import RecurrentEnvs, SequenceBuilder, truncation_bootstrap
 
 SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),
                action_dtype=np.dtype(np.int64), num_actions=3)

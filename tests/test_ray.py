@@ -36,10 +36,10 @@ import pytest
 import yaml
 import zmq
 
-from zmqrl import security, sockets
-from zmqrl.endpoints import Endpoints
-from zmqrl.engines import keys, placement
-from zmqrl.topology import TopologyError, from_dict
+from zmqrl.bus import security, sockets
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.run.engines import keys, placement
+from zmqrl.run.topology import TopologyError, from_dict
 
 from conftest import REPO, free_base_port, pid_of, read_csv, stop_all, wait_for, write_topology
 
@@ -54,7 +54,7 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 # ----- without a cluster --------------------------------------------------------------
 def test_resources_become_one_bundle_per_replica():
-    from zmqrl.topology import merge
+    from zmqrl.run.topology import merge
 
     raw = merge(yaml.safe_load((REPO / "topologies" / "seed.yaml").read_text()), {"nodes": {
         "learner": {"resources": {"cpus": 2, "gpus": 1}, "host": "10.0.0.5"},
@@ -146,8 +146,8 @@ def test_one_socket_reaches_servers_with_keys_of_their_own(tmp_path):
 
 
 def test_procfile_for_one_host_holds_only_its_nodes(tmp_path):
-    from zmqrl.launch import procfile
-    from zmqrl.topology import load
+    from zmqrl.run.launch import procfile
+    from zmqrl.run.topology import load
 
     topo = load(write_topology(tmp_path, nodes={"learner": {"host": "10.0.0.1"},
                                                  "broker": {"host": "10.0.0.1"},
@@ -364,7 +364,7 @@ def test_a_run_across_two_ray_nodes_learns_recovers_and_stops_cleanly(
         wait_for(learned, 180, "a mean return of 100 over 100 episodes")
         # `zmqrl status` sees a Ray run as it sees any: every node alive with its links
         # (the nodes write their status files into the run directory, on every host).
-        from zmqrl.status import snapshot
+        from zmqrl.bus.status import snapshot
 
         view = {n.label: n for n in snapshot(run_dir).nodes}
         assert {label: view[label].state for label in view} == dict.fromkeys(

@@ -17,11 +17,11 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from zmqrl.algos.ppo import PPOConfig, PPOLearner
-from zmqrl.algos.recurrent_ppo import evaluate_sequences
 from zmqrl.cli import main
-from zmqrl.envs import EnvSpec
-from zmqrl.models import build_model
+from zmqrl.parts.algos.ppo import PPOConfig, PPOLearner
+from zmqrl.parts.algos.recurrent_ppo import evaluate_sequences
+from zmqrl.parts.envs import EnvSpec
+from zmqrl.parts.models import build_model
 
 from conftest import REPO
 

@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 import yaml
 
-from zmqrl import wire
-from zmqrl.endpoints import Endpoints
-from zmqrl.replay import RateLimiter
-from zmqrl.topology import load
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.parts.replay import RateLimiter
+from zmqrl.run.topology import load
 
 from conftest import REPO, Client, read_csv, wait_for
 

@@ -1,4 +1,4 @@
-"""Reference tests for the replay storage layer (zmqrl.replay): no sockets, no processes.
+"""Reference tests for the replay storage layer (zmqrl.parts.replay): no sockets, no processes.
 
 Everything is checked against a direct, obviously-correct computation: cumulative-sum
 search for the sum tree, the textbook formulas for priorities and importance weights,
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from zmqrl.replay import RateLimiter, ReplayTable, SumTree
+from zmqrl.parts.replay import RateLimiter, ReplayTable, SumTree
 
 # ---------------------------------------------------------------------------- sum tree
 
@@ -542,7 +542,7 @@ def test_undo_sample_gives_the_items_and_counts_back(sampler: str) -> None:
 
 # ------------------------------------------------------------- waiting sample requests
 def test_waiting_samples_bounded_per_peer_per_client_and_in_all() -> None:
-    from zmqrl.replay.waiting import Request, WaitingSamples
+    from zmqrl.parts.replay.waiting import Request, WaitingSamples
 
     waiting = WaitingSamples(per_peer=2, total=5)
     for size in (1, 2, 3):  # a third from one peer replaces its oldest

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import zmq
 
-from zmqrl import wire
-from zmqrl.endpoints import ipc_dir
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import ipc_dir
 
 from conftest import REPO, Client, read_csv, wait_for, write_topology
 
@@ -323,7 +323,7 @@ def test_killed_replay_comes_back_and_resume_restores_it_with_the_learner(
 
 
 def test_subscribers_follow_a_restarted_publisher_back_but_not_a_replica():
-    from zmqrl.models import wants_params
+    from zmqrl.parts.models import wants_params
 
     assert wants_params(5, "a", 4, "a")  # newer: always
     assert not wants_params(4, "a", 4, "a") and not wants_params(3, "a", 4, "a")

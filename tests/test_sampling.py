@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zmqrl.models.feedforward import sample_categorical
+from zmqrl.parts.models.feedforward import sample_categorical
 
 
 def test_draws_follow_the_probabilities():

@@ -20,9 +20,9 @@ import yaml
 import zmq
 from zmq.auth.certs import load_certificate
 
-from zmqrl import security, sockets, wire
-from zmqrl.endpoints import Endpoints
-from zmqrl.topology import TopologyError, load
+from zmqrl.bus import security, sockets, wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.run.topology import TopologyError, load
 
 from conftest import REPO, free_base_port, read_csv, wait_for
 

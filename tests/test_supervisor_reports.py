@@ -11,8 +11,8 @@ import signal
 import msgpack
 import zmq
 
-from zmqrl import wire
-from zmqrl.endpoints import supervisor_address
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import supervisor_address
 
 from conftest import pid_of, read_csv, stop_process, wait_for, write_topology
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from zmqrl.cli import _overrides
-from zmqrl.topology import Topology, load
+from zmqrl.run.topology import Topology, load
 
 from conftest import REPO, read_csv
 from expect import RUNS_ONLY, Expectation, expectation

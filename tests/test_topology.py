@@ -9,9 +9,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from zmqrl.bus.endpoints import Endpoints
 from zmqrl.cli import main
-from zmqrl.endpoints import Endpoints
-from zmqrl.topology import TopologyError, from_dict, load
+from zmqrl.run.topology import TopologyError, from_dict, load
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD = yaml.safe_load((REPO / "topologies" / "seed.yaml").read_text())
@@ -184,7 +184,7 @@ def test_every_topology_parses_its_algo_once_with_defaults_from_the_config(path)
     """Leaving out every defaulted ``algo`` field gives the config's defaults, and every
     node reads that same object: an a2c topology without ``unroll`` is a 5-step one for
     the broker, the actors and the learner alike (it used to be 20 for some, 5 for others)."""
-    from zmqrl.algo_config import Parts, config_type
+    from zmqrl.parts.algo_config import Parts, config_type
 
     raw = yaml.safe_load(path.read_text())
     kind = raw.get("algo", {}).get("kind", "vtrace")
@@ -204,7 +204,7 @@ def test_a2c_without_unroll_agrees_between_broker_actor_and_learner(tmp_path):
     A2C learner expected 5 and rejected every one. All read ``topo.algo_config`` now."""
     from nodes.inference_broker import InferenceBroker
     from nodes.learner import Learner
-    from zmqrl.node import NodeContext
+    from zmqrl.bus.node import NodeContext
 
     raw = yaml.safe_load((REPO / "topologies" / "a2c.yaml").read_text())
     raw["algo"].pop("unroll", None)

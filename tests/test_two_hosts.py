@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from zmqrl import security
+from zmqrl.bus import security
 
 from conftest import Processes, read_csv, stop_all, wait_for, write_topology
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.algos.vtrace import VTraceReturns, impala_loss, vtrace
+from zmqrl.parts.algos.vtrace import VTraceReturns, impala_loss, vtrace
 
 CLIPS = [(1.0, 1.0), (0.5, 0.9), (2.0, 1.0), (None, None)]
 
@@ -161,7 +161,7 @@ def test_impala_loss_terms_are_finite_floats():
 
 
 def test_light_adam_matches_torch_adam():
-    from zmqrl.algos.optim import LightAdam
+    from zmqrl.parts.algos.optim import LightAdam
 
     torch.manual_seed(0)
     a = torch.nn.Linear(5, 3)

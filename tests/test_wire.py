@@ -1,4 +1,4 @@
-"""Unit tests of zmqrl.wire: what docs/protocol.md sections 3, 4 and 10 promise."""
+"""Unit tests of zmqrl.bus.wire: what docs/protocol.md sections 3, 4 and 10 promise."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zmqrl import sockets, wire
+from zmqrl.bus import sockets, wire
 
 SMALL = 8  # elements: inline
 LARGE = 8192  # elements: at least 16 KiB for every dtype but the 1-byte ones
@@ -242,7 +242,7 @@ def test_oversize_is_rejected_before_parsing():
 
 
 # Values of the wrong type where a hashable one belongs: each once made decode raise
-# TypeError, which zmqrl.node does not catch (one such message killed a node).
+# TypeError, which zmqrl.bus.node does not catch (one such message killed a node).
 UNHASHABLE = {
     "list as type": [msgpack.packb({"v": 1, "t": [], "arrays": []})],
     "map as type": [msgpack.packb({"v": 1, "t": {}, "arrays": []})],
@@ -262,8 +262,7 @@ def test_malformed_types_are_protocol_errors(frames):
 RSS_PROBE = """
 import resource, sys
 import msgpack
-from zmqrl import wire
-
+from zmqrl.bus import wire
 def peak_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

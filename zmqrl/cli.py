@@ -11,8 +11,9 @@ from typing import Any
 import click
 import yaml
 
-from zmqrl import cores, launch, security
-from zmqrl.topology import Topology, TopologyError, load, merge
+from zmqrl.bus import cores, security
+from zmqrl.run import launch
+from zmqrl.run.topology import Topology, TopologyError, load, merge
 
 
 def _overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -141,7 +142,7 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
 
         if importlib.util.find_spec("ray") is None:
             raise click.ClickException("--engine ray needs Ray: pip install 'zmqrl[ray]'")
-        from zmqrl.engines.ray_supervisor import RayOptions, RaySupervisor
+        from zmqrl.run.engines.ray_supervisor import RayOptions, RaySupervisor
 
         supervisor: launch.Supervisor = RaySupervisor(
             topo, directory, stop, RayOptions(address, strategy, curve, placement_timeout),
@@ -188,7 +189,7 @@ def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor
     if not watch:
         table = None
         if endpoints_file is not None:
-            from zmqrl.endpoints import Endpoints
+            from zmqrl.bus.endpoints import Endpoints
 
             table = Endpoints.load(endpoints_file)
         sys.exit(launch.run_node(topo, name, replica, directory, supervisor, table))
@@ -227,9 +228,9 @@ def procfile(topology: str, run_dir: str | None, host: str | None,
 def endpoints(topology: str, run_dir: str | None, sets: tuple[str, ...]) -> None:
     """Print the address of every bound port of TOPOLOGY (what to connect a client to;
     send it `describe` to learn what it takes)."""
-    from zmqrl.endpoints import Endpoints, supervisor_address
-    from zmqrl.labels import label
-    from zmqrl.topology import ports_of
+    from zmqrl.bus.endpoints import Endpoints, supervisor_address
+    from zmqrl.bus.labels import label
+    from zmqrl.run.topology import ports_of
 
     topo = _load(topology, sets)
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo, timestamped=False)
@@ -299,7 +300,7 @@ def keys(directory: str, force: bool) -> None:
 def bench(actors: int, envs: int, seconds: float, topology_path: str, lanes: int,
           with_learner: bool, json_path: str | None, pin: bool) -> None:
     """SEED acting throughput against the no-network limit, measured in one run."""
-    from zmqrl.bench import run_bench
+    from zmqrl.run.bench import run_bench
 
     try:
         run_bench(topology_path, actors, envs, seconds, with_learner, json_path, lanes, pin)
@@ -323,7 +324,7 @@ def status(run_dir: str | None, once: bool, interval: float) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    from zmqrl.status import latest_run, render, snapshot
+    from zmqrl.bus.status import latest_run, render, snapshot
 
     directory = Path(run_dir) if run_dir else latest_run()
     if directory is None:
@@ -365,7 +366,7 @@ def plot(run_dirs: tuple[str, ...], output: str, metric: str, title: str | None,
     except ValueError:
         raise click.BadParameter(f"'{size}' is not WxH, e.g. 1200x450",
                                  param_hint="--size") from None
-    from zmqrl.plot import plot_runs  # numpy and yaml; matplotlib only when drawing
+    from zmqrl.run.plot import plot_runs  # numpy and yaml; matplotlib only when drawing
 
     try:
         out = plot_runs([Path(d) for d in run_dirs], Path(output), metric, title,

@@ -30,10 +30,10 @@ from typing import Any
 GROUPS = {
     "algo": "zmqrl.algos",  # the config dataclass (torch-free); it names its learner class
     "model": "zmqrl.models",  # callable (EnvSpec, **options) -> torch.nn.Module
-    "behaviour": "zmqrl.behaviours",  # a zmqrl.acting.Behaviour subclass
-    "source": "zmqrl.sources",  # a learner's data source class (zmqrl.learning.sources)
-    "updater": "zmqrl.updaters",  # a learner's updater class (zmqrl.learning.updaters)
-    "node": "zmqrl.nodes",  # a zmqrl.node.Node subclass
+    "behaviour": "zmqrl.behaviours",  # a zmqrl.parts.acting.Behaviour subclass
+    "source": "zmqrl.sources",  # a learner's data source class (zmqrl.parts.learning.sources)
+    "updater": "zmqrl.updaters",  # a learner's updater class (zmqrl.parts.learning.updaters)
+    "node": "zmqrl.nodes",  # a zmqrl.bus.node.Node subclass
 }
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zmqrl.acting.behaviour import ActingSetup
-from zmqrl.acting.q_learning import EpsilonGreedyBehaviour
+from zmqrl.parts.acting.behaviour import ActingSetup
+from zmqrl.parts.acting.q_learning import EpsilonGreedyBehaviour
 
 
 class BoltzmannBehaviour(EpsilonGreedyBehaviour):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from zmqrl.algo_config import AlgoConfig
+from zmqrl.parts.algo_config import AlgoConfig
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from zmqrl.algos.target_q import TargetQLearner
+from zmqrl.parts.algos.target_q import TargetQLearner
 
 
 class ExpectedSarsaLearner(TargetQLearner):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from zmqrl.envs import EnvSpec
+from zmqrl.parts.envs import EnvSpec
 
 
 class QMLP(nn.Module):

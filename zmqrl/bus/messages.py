@@ -1,0 +1,837 @@
+"""Every message type declared once, as data: its fields, its arrays and their rules.
+
+``wire.decode`` checks that a message is well formed (a msgpack header, arrays whose
+bytes match their dtype and shape); this module checks that it *means* something: the
+fields and arrays its type requires, with the right dtypes, the shapes a pattern over
+the message's dimensions gives (``("T+1", "n", "*obs")``), and values inside their
+rules (finite floats, actions inside the action space, discounts in [0, 1], ...).
+
+A port builds one :class:`Context` when it starts (what it knows of the env and the
+algorithm's dimensions) and calls :func:`check` on every message before it stores,
+credits or trains on it; a violation raises ``wire.ProtocolError``, which the node
+runtime turns into one log line and an ``error`` reply. The tables of
+``docs/protocol.md`` are generated from the same declarations
+(``python -m zmqrl.bus.messages``), and a test keeps the two in step.
+
+Shape symbols bind on first use within a message and must agree afterwards; those the
+context knows (``T``, ``L``, ``H``, ``*obs``, ``*action``) are bound before the check.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zmqrl.bus import wire
+
+# ----- the vocabulary ---------------------------------------------------------------
+# Shape symbols: meaning and least value. Unknown symbols are a bug in a declaration.
+SYMBOLS: dict[str, tuple[str, int]] = {
+    "n": ("environments stepped together (one step message, one unroll's env columns)", 1),
+    "T": ("unroll length, `algo.unroll`", 1),
+    "B": ("items in an insert or batch", 1),
+    "L": ("sequence length, `algo.sequence_length`", 1),
+    "H": ("recurrent state size (LSTM units)", 1),
+    "k": ("episodes reported", 0),
+    "m": ("rows selected by a mask", 0),
+    "A": ("actions of a discrete action space", 1),
+    "S": ("bytes of a serialized state (`torch.save` of state dicts)", 1),
+}
+# "*obs" / "*action" stand for the env's observation / action shape (discrete: []).
+STAR = ("*obs", "*action")
+
+# Field types: how a msgpack value is recognised. bool is not an int here (msgpack
+# keeps them apart, and True as a version would be a lie).
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "number": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "map": (dict,),
+    "list": (list,),
+}
+
+# Value rules, for fields and arrays alike: the text that names them in docs and errors.
+# A step's behaviour arguments (``args``): few, short names, bounded values.
+MAX_BEHAVIOUR_ARGS, MAX_BEHAVIOUR_ARG = 32, 1e6
+RULES: dict[str, str] = {
+    "finite": "finite (no NaN or inf)",
+    "nonneg": "finite and >= 0",
+    "positive": ">= 1",
+    "unit": "in [0, 1]",
+    "action": "inside the action space",  # discrete: ints in [0, A); Box: finite floats
+    "row": "a map from str to a number or str",
+    "numbers": "a list of finite numbers",
+    "shows": "at most 8 names (of at most 64 characters) to `sum` or `last`",
+    "behaviour_args": f"at most {MAX_BEHAVIOUR_ARGS} names (of at most 64 characters) to "
+                      f"numbers within ±{MAX_BEHAVIOUR_ARG:g}",
+}
+
+# Array dtypes: concrete numpy names, or a symbol the context resolves.
+DTYPE_SYMBOLS: dict[str, str] = {
+    "obs": "the env's observation dtype (float32; uint8 for pixel envs)",
+    "action": "the env's action dtype: int64 (discrete) or float32 (Box)",
+    "float": "float16, float32 or float64",
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """A header field: ``type`` one of :data:`FIELD_TYPES`, ``rule`` one of :data:`RULES`."""
+
+    name: str
+    type: str
+    required: bool = True
+    rule: str | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Array:
+    """An array: ``dtype`` a numpy name or one of :data:`DTYPE_SYMBOLS`; ``shape`` a
+    tuple of ints, symbols of :data:`SYMBOLS` (optionally ``+1``) and :data:`STAR`."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+    required: bool = True
+    rules: tuple[str, ...] = ()
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Together:
+    """These arrays come together or not at all."""
+
+    names: tuple[str, ...]
+
+    def describe(self) -> str:
+        return " and ".join(f"`{n}`" for n in self.names) + " come together or not at all"
+
+
+@dataclass(frozen=True)
+class RowsPerTrue:
+    """``rows`` has one row per true entry of the bool array ``mask``."""
+
+    rows: str
+    mask: str
+
+    def describe(self) -> str:
+        return f"`{self.rows}` has one row per true entry of `{self.mask}`, in order"
+
+
+@dataclass(frozen=True)
+class Implies:
+    """Bool arrays of one shape: wherever ``a`` is true, ``b`` is true too."""
+
+    a: str
+    b: str
+
+    def describe(self) -> str:
+        return f"`{self.a}` implies `{self.b}` (elementwise)"
+
+
+Constraint = Together | RowsPerTrue | Implies
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """Arrays named by the model rather than the protocol (``params``, ``grads``): one
+    per tensor of the context's ``parameters`` (trainable) or ``state`` (state dict),
+    exactly those names and shapes when the context knows them."""
+
+    of: str  # "parameters" | "state"
+    dtype: str = "float"
+    rules: tuple[str, ...] = ("finite",)
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    """One message type (or one variant of it, where a type carries different arrays
+    depending on the algorithm family)."""
+
+    type: str
+    doc: str
+    direction: str = ""
+    fields: tuple[Field, ...] = ()
+    arrays: tuple[Array, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    variant: str = ""
+    # closed: arrays other than those declared are rejected (a payload that must match
+    # exactly, such as replay items); otherwise receivers ignore them (protocol §5).
+    closed: bool = False
+    tensors: Tensors | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.type}/{self.variant}" if self.variant else self.type
+
+
+# ----- the declarations -------------------------------------------------------------
+_EP_STATS = (
+    Array("ep_return", "float32", ("k",), False, ("finite",),
+          "undiscounted returns of the episodes that ended since the sender's last message"),
+    Array("ep_length", "int32", ("k",), False, ("nonneg",), "their lengths in env steps"),
+)
+_LABEL = Field("label", "str", doc="the sending node's label (`name` or `name.replica`)")
+
+
+def _transitions(*extra: Array) -> tuple[Array, ...]:
+    return (
+        *extra,
+        Array("obs", "obs", ("B", "*obs"), rules=("finite",),
+              doc="observation the action was chosen from"),
+        Array("action", "action", ("B", "*action"), rules=("action",), doc="action taken"),
+        Array("reward", "float32", ("B",), rules=("finite",),
+              doc="n-step return sum_{j<m} γ^j r_{t+j}, m <= n (m < n when the episode "
+                  "ended sooner)"),
+        Array("discount", "float32", ("B",), rules=("unit",),
+              doc="γ^m to bootstrap from `next_obs`; 0 when the episode terminated"),
+        Array("next_obs", "obs", ("B", "*obs"), rules=("finite",),
+              doc="observation m steps later (after a time-limit cut: the final one)"),
+    )
+
+
+def _sequences(*extra: Array) -> tuple[Array, ...]:
+    return (
+        *extra,
+        Array("obs", "obs", ("B", "L+1", "*obs"), rules=("finite",),
+              doc="`obs[:, t]` is what `action[:, t]` was chosen from; `obs[:, L]` "
+                  "bootstraps"),
+        Array("action", "action", ("B", "L", "*action"), rules=("action",),
+              doc="actions taken"),
+        Array("reward", "float32", ("B", "L"), rules=("finite",),
+              doc="one-step rewards (a time-limit cut adds γ·h⁻¹(max_a Q(final obs, a)))"),
+        Array("done", "bool", ("B", "L"), doc="`action[:, t]` ended its episode"),
+        Array("state_h", "float32", ("B", "H"), rules=("finite",),
+              doc="LSTM state to use with `obs[:, 0]` (zero if it starts an episode)"),
+        Array("state_c", "float32", ("B", "H"), rules=("finite",), doc="(the cell state)"),
+    )
+
+
+def _positions(*extra: Array) -> tuple[Array, ...]:
+    return (
+        *extra,
+        Array("obs", "obs", ("B", "*obs"), rules=("finite",),
+              doc="the position, seen by the player to move"),
+        Array("policy", "float32", ("B", "A"), rules=("unit",),
+              doc="the search's visit distribution over the moves (sums to 1)"),
+        Array("outcome", "float32", ("B",), rules=("finite",),
+              doc="the game's final return for the player to move (+1 win, 0 draw, "
+                  "-1 loss)"),
+    )
+
+
+_PRIORITY = Array("priority", "float32", ("B",), False, ("nonneg",),
+                  "initial raw priorities (without: the largest seen so far)")
+_BATCH_HEAD = (
+    Array("key", "int64", ("B",), doc="the items' keys, for `priorities`"),
+    Array("weight", "float32", ("B",), rules=("unit",),
+          doc="importance weights (1 without prioritized sampling)"),
+)
+
+_UNROLL_ARRAYS = (
+    Array("obs", "obs", ("T+1", "n", "*obs"), rules=("finite",),
+          doc="`obs[t]` is what `action[t]` was chosen from; `obs[T]` bootstraps"),
+    Array("action", "action", ("T", "n", "*action"), rules=("action",), doc="actions taken"),
+    Array("logp", "float32", ("T", "n"), rules=("finite",),
+          doc="log-probability of `action[t]` under the behaviour policy"),
+    Array("reward", "float32", ("T", "n"), rules=("finite",),
+          doc="reward `action[t]` earned (a time-limit cut includes the bootstrap)"),
+    Array("done", "bool", ("T", "n"),
+          doc="`action[t]` ended its episode; `obs[t+1]` then starts a new one"),
+)
+_INCARNATION = Field("incarnation", "str", False,
+                     doc="the answering process's id: a new one means it restarted "
+                         "(a producer recounts its credit, protocol §11)")
+_REPLAY_SOURCE = Field("source", "str", False,
+                       doc="the replay's incarnation (its keys mean nothing to another)")
+_PBT_MEMBER = Field("member", "int", rule="nonneg", doc="the member's index")
+_PBT_HYPER = Field("hyperparameters", "map", doc="name → value (`algo` fields; `lr` also "
+                                                  "sets the optimizer's)")
+_VERSION = Field("version", "int", rule="nonneg",
+                 doc="parameter version that chose the block's first action")
+
+MESSAGES: tuple[MessageSpec, ...] = (
+    MessageSpec(
+        wire.HELLO, "I started: sent once, after the node's sockets are open.",
+        "node → supervisor",
+        fields=(_LABEL,
+                Field("kind", "str", doc="node kind, or its `impl` string"),
+                Field("role", "str", False, doc="what the run counts the node for "
+                      "(`zmqrl/bus/roles.py`): `acts`, `serves`, `learns`, `applies`; "
+                      "absent or empty: nothing"),
+                Field("shows", "map", False, "shows",
+                      "fields of its metrics rows for the run's progress line, each "
+                      "pooled by `sum` or `last` (at most 8)"),
+                Field("node", "str", doc="node name"),
+                Field("replica", "int", rule="nonneg", doc="replica index"),
+                Field("incarnation", "str", doc="random hex, new for every start"),
+                Field("pid", "int", rule="positive", doc="process id"))),
+    MessageSpec(wire.HEARTBEAT, "Still alive: every 1 s.", "node → supervisor",
+                fields=(_LABEL,)),
+    MessageSpec(
+        wire.METRICS, "One row of metrics, every metrics interval (1-2 s).",
+        "node → supervisor",
+        fields=(_LABEL,
+                Field("row", "map", rule="row",
+                      doc="the row appended to `metrics/<label>.csv` (always `time_s`, "
+                          "`bad_messages`, `dropped`, `cpu_cores`)"),
+                Field("episodes", "list", rule="numbers",
+                      doc="returns of the episodes that finished since the last report"))),
+    MessageSpec(wire.PING, "Liveness request; any ROUTER port answers `pong`.",
+                "anyone → any ROUTER port",
+                fields=(Field("seq", "int", False, doc="echoed in the `pong`"),)),
+    MessageSpec(wire.PONG, "Answer to `ping`.", "ROUTER port → pinger",
+                fields=(Field("node", "str", doc="label of the answering replica"),
+                        _INCARNATION,
+                        Field("seq", "int", False, doc="the ping's `seq`, if it had one"))),
+    MessageSpec(wire.DESCRIBE, "What does this port take? Any ROUTER port answers "
+                "`description`.", "anyone → any ROUTER port"),
+    MessageSpec(
+        wire.DESCRIPTION, "Answer to `describe`: enough to write a client of the port.",
+        "ROUTER port → asker",
+        fields=(Field("protocol", "int", doc="protocol version (`v`)"),
+                Field("node", "str", doc="label of the answering replica"),
+                Field("kind", "str", False, doc="node kind (or `impl`)"),
+                Field("port", "str", doc="the port asked"),
+                Field("accepts", "list", doc="message types the port takes"),
+                Field("env", "str", False, doc="gymnasium id of the topology's env"),
+                Field("obs_shape", "list", False, doc="observation shape"),
+                Field("obs_dtype", "str", False, doc="observation dtype"),
+                Field("action_dtype", "str", False, doc="action dtype"),
+                Field("action_space", "map", False,
+                      doc="`{kind: discrete, n}` or `{kind: box, shape, low, high}`"))),
+    MessageSpec(
+        wire.STEP, "Observations of `n` envs, and the outcome of their previous actions.",
+        "actor → broker `policy`",
+        fields=(Field("seq", "int", doc="incremented by one per step sent (zmqrl starts "
+                                        "at 1), echoed in `act`"),
+                Field("epsilon", "number", False, "unit",
+                      "this actor's exploration rate (behaviours that explore by ε)"),
+                Field("args", "map", False, "behaviour_args",
+                      "this actor's behaviour arguments: names to finite numbers "
+                      "(at most 32)")),
+        arrays=(
+            Array("obs", "obs", ("n", "*obs"), rules=("finite",),
+                  doc="current observation of each env"),
+            Array("reward", "float32", ("n",), rules=("finite",),
+                  doc="reward the previous action of each env earned"),
+            Array("done", "bool", ("n",),
+                  doc="that action ended its episode (terminated or truncated)"),
+            Array("truncated", "bool", ("n",), False,
+                  doc="the subset of `done` cut by a time limit (terminated and truncated "
+                      "at once: sent as terminated, `truncated` false)"),
+            Array("final_obs", "obs", ("m", "*obs"), False, ("finite",),
+                  "final observation of each truncated env, in env order"),
+            *_EP_STATS),
+        constraints=(Together(("ep_return", "ep_length")),
+                     Together(("truncated", "final_obs")),
+                     RowsPerTrue("final_obs", "truncated"), Implies("truncated", "done"))),
+    MessageSpec(
+        wire.ACT, "Actions for the envs of a step.", "broker → actor",
+        fields=(Field("seq", "int", doc="the step's `seq`"),),
+        arrays=(Array("action", "action", ("n", "*action"), rules=("action",),
+                      doc="row `i` is the action for env `i`"),)),
+    MessageSpec(
+        wire.ACT, "A network's evaluation of the leaves a search sent as a `step` (its "
+        "`obs`; rewards and dones zero: a leaf has no outcome).", "broker → search actor",
+        variant="evaluation",
+        fields=(Field("seq", "int", doc="the step's `seq`"),),
+        arrays=(Array("action", "action", ("n", "*action"), rules=("action",),
+                      doc="the network's most likely move (what any actor could play)"),
+                Array("logits", "float32", ("n", "A"), rules=("finite",),
+                      doc="policy logits over every move (the searcher masks the "
+                          "illegal ones)"),
+                Array("value", "float32", ("n",), rules=("finite",),
+                      doc="the value of the leaf for the player to move, in [-1, 1]"))),
+    MessageSpec(
+        wire.UNROLL, "A time-major block of `T` transitions of `n` envs.",
+        "broker or local-policy actor → learner `experience`",
+        fields=(_VERSION,), arrays=(*_UNROLL_ARRAYS, *_EP_STATS),
+        constraints=(Together(("ep_return", "ep_length")),)),
+    MessageSpec(
+        wire.UNROLL, "The same, from a recurrent actor-critic (`lstm_ac`).",
+        "broker or local-policy actor → learner `experience`", variant="recurrent",
+        fields=(_VERSION,),
+        arrays=(*_UNROLL_ARRAYS,
+                Array("state_h", "float32", (1, "n", "H"), rules=("finite",),
+                      doc="LSTM state used with `obs[0]` (zero where it starts an episode)"),
+                Array("state_c", "float32", (1, "n", "H"), rules=("finite",),
+                      doc="(the cell state)"),
+                *_EP_STATS),
+        constraints=(Together(("ep_return", "ep_length")),)),
+    MessageSpec(
+        wire.INSERT, "n-step transitions for a replay (`dqn`).",
+        "actor → replay `experience`", variant="transitions", closed=True,
+        fields=(Field("version", "int", False, "nonneg", "parameter version acted with"),),
+        arrays=(*_transitions(), _PRIORITY)),
+    MessageSpec(
+        wire.INSERT, "Fixed-length sequences with their start state (`r2d2`).",
+        "actor or broker → replay `experience`", variant="sequences", closed=True,
+        fields=(Field("version", "int", False, "nonneg", "parameter version acted with"),),
+        arrays=(*_sequences(), _PRIORITY)),
+    MessageSpec(
+        wire.INSERT, "Positions of finished self-play games (`alphazero`).",
+        "search actor → replay `experience`", variant="positions", closed=True,
+        fields=(Field("version", "int", False, "nonneg", "parameter version searched with"),),
+        arrays=(*_positions(), _PRIORITY)),
+    MessageSpec(
+        wire.SAMPLE, "Ask for a batch; the reply may come much later.",
+        "learner → replay `sample`",
+        fields=(Field("batch_size", "int", rule="positive",
+                      doc="items wanted (at most the replay's capacity)"),
+                Field("client", "str", False,
+                      doc="the asking process; its requests from older connections are "
+                          "dropped"))),
+    MessageSpec(wire.BATCH, "Sampled transitions.", "replay → learner",
+                variant="transitions", fields=(_REPLAY_SOURCE,),
+                arrays=_transitions(*_BATCH_HEAD)),
+    MessageSpec(wire.BATCH, "Sampled sequences.", "replay → learner",
+                variant="sequences", fields=(_REPLAY_SOURCE,),
+                arrays=_sequences(*_BATCH_HEAD)),
+    MessageSpec(wire.BATCH, "Sampled positions.", "replay → learner",
+                variant="positions", fields=(_REPLAY_SOURCE,),
+                arrays=_positions(*_BATCH_HEAD)),
+    MessageSpec(
+        wire.PRIORITIES, "New priorities for sampled items; no reply on success.",
+        "learner → replay `sample`",
+        fields=(Field("source", "str", False,
+                      doc="the `source` of the batch the keys came from: priorities for "
+                          "another replay incarnation's keys are skipped, not applied"),),
+        arrays=(Array("key", "int64", ("m",), doc="keys from `batch` messages"),
+                Array("priority", "float32", ("m",), rules=("nonneg",),
+                      doc="new raw priorities"))),
+    MessageSpec(
+        wire.GRADS, "Gradients of the loss; the reply is `params`.",
+        "A3C actor or Gorila learner → parameter server `grads`",
+        fields=(Field("version", "int", False, "nonneg", "informational"),
+                Field("env_steps", "int", False, "nonneg",
+                      "env steps the gradients came from")),
+        tensors=Tensors("parameters", doc="one per trainable parameter, named as in "
+                                          "`named_parameters()`, with its exact shape")),
+    MessageSpec(wire.GET_PARAMS, "Ask for the current parameters.",
+                "anyone → parameter server `grads`"),
+    MessageSpec(
+        wire.PARAMS, "A complete snapshot of the model.",
+        "learner or parameter server → subscribers, or reply to `grads`/`get_params`",
+        fields=(Field("version", "int", rule="nonneg",
+                      doc="optimizer updates behind these parameters (0: the initial ones)"),
+                Field("source", "str", False, doc="id of the publishing process")),
+        tensors=Tensors("state", doc="one per `state_dict` entry, named by its key, with "
+                                     "the tensor's shape")),
+    MessageSpec(wire.CREDIT, "Grant for more experience messages.",
+                "consumer's `experience` port → producer",
+                fields=(Field("n", "int", rule="positive", doc="messages granted"),
+                        Field("node", "str", False, doc="label of the granting replica"),
+                        _INCARNATION)),
+    MessageSpec(wire.ERROR, "Reply to a rejected message.", "ROUTER port → sender",
+                fields=(Field("error", "str", doc="why, for humans"),)),
+    # Population-based training (nodes/pbt.py, zmqrl/parts/learning/pbt_member.py)
+    MessageSpec(
+        wire.PBT_REPORT, "A member's progress, every second.", "member learner → pbt `members`",
+        fields=(_PBT_MEMBER, Field("steps", "int", rule="nonneg", doc="env steps trained on"),
+                Field("mean_return", "number", False, "finite",
+                      "mean return of its last 20 episodes (absent or nil: none yet)"),
+                _PBT_HYPER,
+                Field("checkpointed", "bool", doc="it has a checkpoint on disk (only such "
+                                                  "members are copied)"),
+                Field("updates", "int", False, "nonneg", "its update count"))),
+    MessageSpec(wire.PBT_GET_STATE, "Ask a donor for its state; the reply is `pbt_state`.",
+                "pbt → donor learner `pbt`",
+                fields=(Field("request", "int", rule="nonneg", doc="the recipient's index"),)),
+    MessageSpec(
+        wire.PBT_STATE, "A donor's weights and optimizer state.", "donor learner → pbt",
+        fields=(_PBT_MEMBER, Field("request", "int", rule="nonneg", doc="echoed"), _PBT_HYPER,
+                Field("updates", "int", rule="nonneg", doc="its update count")),
+        arrays=(Array("state", "uint8", ("S",), doc="`torch.save` of `{model, algo, "
+                                                   "updates}` state dicts"),)),
+    MessageSpec(
+        wire.PBT_LOAD, "Load a donor's state, then take new hyperparameters; reply "
+        "`pbt_loaded`.", "pbt → recipient learner `pbt`",
+        fields=(Field("request", "int", rule="nonneg", doc="the recipient's index"),
+                Field("donor", "int", rule="nonneg", doc="the donor's index"), _PBT_HYPER),
+        arrays=(Array("state", "uint8", ("S",), doc="the donor's `pbt_state`"),)),
+    MessageSpec(
+        wire.PBT_LOADED, "The recipient loaded the donor's state and hyperparameters (and "
+        "published its parameters).", "recipient learner → pbt",
+        fields=(_PBT_MEMBER, Field("request", "int", rule="nonneg", doc="echoed"),
+                Field("donor", "int", rule="nonneg", doc="whose state it loaded"),
+                Field("donor_updates", "int", rule="nonneg",
+                      doc="the donor's update count in that state"), _PBT_HYPER)),
+)
+
+SPECS: dict[str, MessageSpec] = {s.key: s for s in MESSAGES}
+if len(SPECS) != len(MESSAGES) or not {s.type for s in MESSAGES} <= wire.MESSAGE_TYPES:
+    raise RuntimeError("messages: duplicate or unknown message declarations")
+
+
+def spec(msg_type: str, variant: str = "") -> MessageSpec:
+    """The declaration of ``msg_type`` (and ``variant``, e.g. ``insert``/``sequences``)."""
+    return SPECS[f"{msg_type}/{variant}" if variant else msg_type]
+
+
+# ----- the context a port checks against --------------------------------------------
+@dataclass
+class Context:
+    """What a port knows: env shapes and dtypes, the algorithm's dimensions, the model's
+    tensors. Anything left ``None`` binds freely from the first message array using it."""
+
+    obs_shape: tuple[int, ...] | None = None
+    obs_dtype: str = "float32"
+    action_shape: tuple[int, ...] | None = None
+    action_dtype: str | None = None  # None: int64 or float32
+    num_actions: int | None = None  # discrete action count; None: Box (or unknown)
+    dims: dict[str, int] = field(default_factory=dict)  # pre-bound symbols: T, L, H
+    parameters: dict[str, tuple[int, ...]] | None = None  # trainable: what grads name
+    state: dict[str, tuple[int, ...]] | None = None  # state dict: what params carry
+    _compiled: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_env(cls, env: Any, *, unroll: int | None = None,
+                 sequence_length: int | None = None, state_size: int = 0,
+                 model: Any = None) -> Context:
+        """From a ``zmqrl.parts.envs.EnvSpec`` and whatever dimensions the port knows;
+        ``model`` (a torch module) fixes the tensors of ``grads`` and ``params``."""
+        dims = {k: v for k, v in (("T", unroll), ("L", sequence_length),
+                                  ("H", state_size or None)) if v}
+        ctx = cls(tuple(env.obs_shape), np.dtype(env.obs_dtype).name, tuple(env.action_shape),
+                  np.dtype(env.action_dtype).name, env.num_actions, dims)
+        if model is not None:
+            ctx.parameters = {k: tuple(p.shape) for k, p in model.named_parameters()
+                              if p.requires_grad}
+            ctx.state = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+        return ctx
+
+
+def check(msg: wire.Message, spec: MessageSpec, ctx: Context) -> dict[str, int]:
+    """Check ``msg`` against ``spec`` in ``ctx``; return the bound dimensions (``n``,
+    ``T``, ...). Raise ``wire.ProtocolError`` naming the message, the field or array
+    and what was expected."""
+    checker = ctx._compiled.get(id(spec))
+    if checker is None:
+        checker = ctx._compiled[id(spec)] = _Checker(spec, ctx)
+    return checker(msg)
+
+
+# ----- the checker: everything per spec and context precomputed once ----------------
+_FLOATS = ("float16", "float32", "float64")
+
+
+def _rule_ok(rule: str, value: Any) -> bool:
+    """Field rules (scalars and small containers)."""
+    if rule == "finite":
+        return math.isfinite(value)
+    if rule == "nonneg":
+        return math.isfinite(value) and value >= 0
+    if rule == "positive":
+        return value >= 1
+    if rule == "unit":
+        return 0 <= value <= 1  # NaN compares false
+    if rule == "row":
+        return all(type(k) is str and (v is None or type(v) in (int, float, str, bool))
+                   for k, v in value.items())
+    if rule == "numbers":
+        return all(type(v) in (int, float) and math.isfinite(v) for v in value)
+    if rule == "shows":
+        return len(value) <= 8 and all(type(k) is str and len(k) <= 64 and v in ("sum", "last")
+                                       for k, v in value.items())
+    if rule == "behaviour_args":
+        return len(value) <= MAX_BEHAVIOUR_ARGS and all(
+            type(k) is str and len(k) <= 64 and type(v) in (int, float)
+            and abs(v) <= MAX_BEHAVIOUR_ARG for k, v in value.items())  # NaN fails
+    raise ValueError(f"unknown field rule {rule!r}")
+
+
+def _dtype_text(dtypes: frozenset[np.dtype]) -> str:
+    return " or ".join(sorted(d.name for d in dtypes))
+
+
+class _Checker:
+    def __init__(self, spec: MessageSpec, ctx: Context):
+        self.spec = spec
+        self.t = spec.type
+        self.dims = dict(ctx.dims)
+        if ctx.num_actions is not None and any("A" in a.shape for a in spec.arrays):
+            self.dims["A"] = ctx.num_actions  # a discrete space's size, where one is used
+        self.fields = [(f.name, FIELD_TYPES[f.type], f.type, f.required, f.rule)
+                       for f in spec.fields]
+        self.arrays = [self._compile_array(a, ctx) for a in spec.arrays]
+        self.names = frozenset(a.name for a in spec.arrays)
+        self.closed = spec.closed
+        self.together = [c.names for c in spec.constraints if isinstance(c, Together)]
+        self.value_constraints = [c for c in spec.constraints if not isinstance(c, Together)]
+        self.tensors = None
+        if spec.tensors is not None:
+            t = spec.tensors
+            shapes = getattr(ctx, t.of)
+            dtypes = self._dtypes(t.dtype, ctx)
+            self.tensors = (shapes, dtypes, [self._rule(r, ctx) for r in t.rules], t.rules,
+                            _dtype_text(dtypes))
+
+    # -- compilation
+    @staticmethod
+    def _dtypes(dtype: str, ctx: Context) -> frozenset[np.dtype]:
+        if dtype == "obs":
+            names: tuple[str, ...] = (ctx.obs_dtype,)
+        elif dtype == "action":
+            names = (ctx.action_dtype,) if ctx.action_dtype else ("int64", "float32")
+        elif dtype == "float":
+            names = _FLOATS
+        else:
+            names = (dtype,)
+        return frozenset(np.dtype(n) for n in names)
+
+    def _rule(self, rule: str, ctx: Context) -> Any:
+        if rule == "finite":
+            return lambda a: a.dtype.kind != "f" or np.isfinite(a).all()
+        if rule == "nonneg":
+            return lambda a: bool(((a >= 0) & (a < np.inf)).all()) if a.dtype.kind == "f" \
+                else bool((a >= 0).all())
+        if rule == "unit":
+            return lambda a: bool(((a >= 0) & (a <= 1)).all())
+        if rule == "action":
+            num = ctx.num_actions
+
+            def action_ok(a: np.ndarray) -> bool:
+                if a.dtype.kind == "f":
+                    return bool(np.isfinite(a).all())
+                if num is None or a.dtype.kind not in "iu":  # unknown space: any ints >= 0
+                    return a.dtype.kind == "u" or bool((a >= 0).all())
+                # negatives viewed as unsigned are huge: one comparison checks both ends
+                unsigned = a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "i" else a
+                return bool((unsigned < num).all())
+            return action_ok
+        raise ValueError(f"unknown array rule {rule!r}")
+
+    def _compile_array(self, a: Array, ctx: Context) -> tuple:
+        tokens: list[tuple[str | None, int]] = []  # (symbol, offset) or (None, size)
+        star = None
+        for part in a.shape:
+            if isinstance(part, int):
+                tokens.append((None, part))
+            elif part in STAR:
+                known = ctx.obs_shape if part == "*obs" else ctx.action_shape
+                if known is None:
+                    star = part  # binds the remaining dimensions, whatever they are
+                else:
+                    tokens.extend((None, d) for d in known)
+            else:
+                sym, _, off = part.partition("+")
+                if sym not in SYMBOLS:
+                    raise ValueError(f"{a.name}: unknown shape symbol {part!r}")
+                tokens.append((sym, int(off or 0)))
+        dtypes = self._dtypes(a.dtype, ctx)
+        rules = [self._rule(r, ctx) for r in a.rules]
+        return (a.name, a.required, dtypes, tokens, star, rules, a.rules, _dtype_text(dtypes))
+
+    # -- errors
+    def _pattern(self, tokens: list, star: str | None, bound: dict) -> str:
+        parts = []
+        for sym, off in tokens:
+            if sym is None:
+                parts.append(str(off))
+            elif sym in bound:
+                parts.append(str(bound[sym] + off))
+            else:
+                parts.append(f"{sym}+{off}" if off else sym)
+        if star is not None:
+            parts.append(star if star not in bound else ", ".join(map(str, bound[star])))
+        return "[" + ", ".join(p for p in parts if p) + "]"
+
+    def _fail(self, text: str) -> None:
+        raise wire.ProtocolError(f"{self.t} {text}")
+
+    # -- the check
+    def __call__(self, msg: wire.Message) -> dict[str, Any]:
+        if msg.type != self.t:
+            raise wire.ProtocolError(f"expected '{self.t}', got '{msg.type}'")
+        arrays = msg.arrays
+        if self.closed and not arrays.keys() <= self.names:
+            extra = sorted(arrays.keys() - self.names)
+            self._fail(f"has unexpected array '{extra[0]}' (takes only "
+                       f"{', '.join(sorted(self.names))})")
+        for names in self.together:
+            present = [n in arrays for n in names]
+            if any(present) and not all(present):
+                self._fail(": " + " and ".join(f"'{n}'" for n in names)
+                           + " must come together")
+        bound: dict[str, Any] = dict(self.dims)
+        for name, required, dtypes, tokens, star, rules, rule_names, dtype_text in self.arrays:
+            arr = arrays.get(name)
+            if arr is None:
+                if required:
+                    self._fail(f"needs '{name}' of shape {self._pattern(tokens, star, bound)} "
+                               f"({dtype_text}), got none")
+                continue
+            if arr.dtype not in dtypes:
+                self._fail(f"'{name}' must be {dtype_text}, got {arr.dtype}")
+            shape = arr.shape
+            if not self._match(shape, tokens, star, bound):
+                self._fail(f"needs '{name}' of shape {self._pattern(tokens, star, bound)}"
+                           f"{self._least(shape, tokens)}, got {shape}")
+            if arr.size:
+                for ok, rule in zip(rules, rule_names, strict=True):
+                    if not ok(arr):
+                        self._fail(f"'{name}' must be {RULES[rule]}")
+        for c in self.value_constraints:
+            self._constraint(c, arrays)
+        if self.tensors is not None:
+            self._check_tensors(arrays)
+        # Fields after arrays: a message wrong in both is told about its data first.
+        fields = msg.fields
+        for name, types, tname, required, rule in self.fields:
+            value = fields.get(name)
+            if value is None:
+                if required:
+                    self._fail(f"needs field '{name}' ({tname})")
+                continue
+            if type(value) not in types:
+                self._fail(f"field '{name}' must be {tname}, got {value!r:.40}")
+            if rule is not None and not _rule_ok(rule, value):
+                self._fail(f"field '{name}' must be {RULES[rule]}, got {value!r:.40}")
+        return bound
+
+    @staticmethod
+    def _match(shape: tuple, tokens: list, star: str | None, bound: dict) -> bool:
+        """Whether ``shape`` fits; binds the new symbols into ``bound`` only if it does."""
+        ndim = len(tokens)
+        if len(shape) != ndim if star is None else len(shape) < ndim:
+            return False
+        new = None
+        for i in range(ndim):
+            sym, off = tokens[i]
+            size = shape[i]
+            if sym is None:
+                if size != off:
+                    return False
+                continue
+            have = bound.get(sym)
+            if have is None and new is not None:
+                have = new.get(sym)
+            if have is None:
+                if size - off < SYMBOLS[sym][1]:
+                    return False
+                if new is None:
+                    new = {}
+                new[sym] = size - off
+            elif size != have + off:
+                return False
+        if star is not None:
+            rest = shape[ndim:]
+            have = bound.get(star)
+            if have is not None and rest != have:
+                return False
+            bound[star] = rest
+        if new:
+            bound.update(new)
+        return True
+
+    @staticmethod
+    def _least(shape: tuple, tokens: list) -> str:
+        """Say so when a dimension is below its symbol's least value (n >= 1)."""
+        for (sym, off), size in zip(tokens, shape, strict=False):
+            if sym is not None and size - off < SYMBOLS[sym][1]:
+                return f" with {sym} >= {SYMBOLS[sym][1]}"
+        return ""
+
+    def _constraint(self, c: Constraint, arrays: dict) -> None:
+        if isinstance(c, RowsPerTrue):
+            rows, mask = arrays.get(c.rows), arrays.get(c.mask)
+            if rows is not None and mask is not None:
+                want = int(np.count_nonzero(mask))
+                if rows.shape[0] != want:
+                    self._fail(f"'{c.rows}' needs one row per true entry of '{c.mask}' "
+                               f"({want}), got {rows.shape[0]}")
+        elif isinstance(c, Implies):
+            a, b = arrays.get(c.a), arrays.get(c.b)
+            if a is not None and b is not None and a.shape == b.shape and (a & ~b).any():
+                self._fail(f"'{c.a}' implies '{c.b}': entry "
+                           f"{int(np.flatnonzero(a & ~b)[0])} is {c.a} but not {c.b}")
+
+    def _check_tensors(self, arrays: dict) -> None:
+        shapes, dtypes, rules, rule_names, dtype_text = self.tensors
+        if shapes is not None and arrays.keys() != shapes.keys():
+            missing = sorted(shapes.keys() - arrays.keys())
+            extra = sorted(arrays.keys() - shapes.keys())
+            self._fail(f"must carry exactly the model's tensors: "
+                       f"{'missing ' + repr(missing[0]) if missing else ''}"
+                       f"{', ' if missing and extra else ''}"
+                       f"{'unexpected ' + repr(extra[0]) if extra else ''}")
+        for name, arr in arrays.items():
+            if arr.dtype not in dtypes:
+                self._fail(f"'{name}' must be {dtype_text}, got {arr.dtype}")
+            if shapes is not None and arr.shape != shapes[name]:
+                self._fail(f"needs '{name}' of shape {list(shapes[name])}, got {arr.shape}")
+            for ok, rule in zip(rules, rule_names, strict=True):
+                if arr.size and not ok(arr):
+                    self._fail(f"'{name}' must be {RULES[rule]}")
+
+
+# ----- the protocol document's tables -------------------------------------------------
+def _shape_text(shape: tuple) -> str:
+    return "`[" + ", ".join(str(p) for p in shape) + "]`"
+
+
+def markdown() -> str:
+    """The tables of docs/protocol.md §5, generated from :data:`MESSAGES`."""
+    out = ["Shape symbols bind on first use within a message and must agree afterwards: "
+           + "; ".join(f"`{s}` {text} (≥ {least})" for s, (text, least) in SYMBOLS.items())
+           + ". `*obs` and `*action` stand for the env's observation and action shapes "
+           "(`[]` for a discrete action). Dtype `obs` is "
+           f"{DTYPE_SYMBOLS['obs']}, `action` {DTYPE_SYMBOLS['action']}, "
+           f"`float` {DTYPE_SYMBOLS['float']}.", "",
+           "Rules: " + "; ".join(f"`{r}`: {text}" for r, text in RULES.items())
+           + " (`action` for Box actions: finite floats, which may lie outside the bounds).",
+           ""]
+    for s in MESSAGES:
+        title = f"`{s.type}`" + (f" ({s.variant})" if s.variant else "")
+        out += [f"#### {title}", "", f"{s.direction}. {s.doc}".strip(), ""]
+        if s.fields:
+            out += ["| Field | Type | Required | Rule | Meaning |", "|---|---|---|---|---|"]
+            out += [f"| `{f.name}` | {f.type} | {'yes' if f.required else 'no'} | "
+                    f"{f.rule or ''} | {f.doc} |" for f in s.fields]
+            out.append("")
+        if s.arrays:
+            out += ["| Array | dtype | Shape | Required | Rules | Meaning |",
+                    "|---|---|---|---|---|---|"]
+            out += [f"| `{a.name}` | {a.dtype} | {_shape_text(a.shape)} | "
+                    f"{'yes' if a.required else 'no'} | {', '.join(a.rules)} | {a.doc} |"
+                    for a in s.arrays]
+            out.append("")
+        if s.tensors is not None:
+            t = s.tensors
+            out += [f"Arrays: {t.doc}; dtype {t.dtype}; rules {', '.join(t.rules)}.", ""]
+        notes = [c.describe() for c in s.constraints]
+        if s.closed:
+            notes.append("no other arrays")
+        if not (s.fields or s.arrays or s.tensors):
+            notes.append("no fields, no arrays")
+        if notes:
+            out += ["Also: " + "; ".join(notes) + ".", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_into(path: str) -> None:
+    """Replace the tables between the markers of ``path`` (docs/protocol.md) with the
+    generated ones."""
+    begin, end = "<!-- messages:begin -->", "<!-- messages:end -->"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{begin}\n{markdown()}{end}{tail}")
+
+
+if __name__ == "__main__":
+    # python -m zmqrl.bus.messages: print the tables; --write docs/protocol.md: update them
+    if sys.argv[1:2] == ["--write"]:
+        write_into(sys.argv[2])
+    else:
+        sys.stdout.write(markdown())

@@ -1,0 +1,61 @@
+"""Pure loss functions over tensors, and the learners built from them: no sockets.
+
+An algorithm is its config dataclass (:mod:`zmqrl.parts.algo_config`, torch-free, registered in
+the ``zmqrl.algos`` entry-point group or named by import path) and the learner class
+that config names (``Config.learner``); :func:`make_algo` builds the learner object from
+a parsed config. What a learner class must provide is :class:`zmqrl.parts.algos.protocol.Learner`.
+``ALGOS`` is a read-only view of the registered ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from zmqrl import plugins
+from zmqrl.parts import algo_config
+from zmqrl.parts.algo_config import AlgoConfig, learner_type
+
+
+class _Registered(Mapping[str, tuple[type, type]]):
+    """Registered ``algo.kind`` -> (config dataclass, learner class)."""
+
+    def __getitem__(self, kind: str) -> tuple[type, type]:
+        cfg = algo_config.CONFIGS[kind]
+        return cfg, learner_type(cfg)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(plugins.names("algo"))
+
+    def __len__(self) -> int:
+        return len(plugins.names("algo"))
+
+
+ALGOS: Mapping[str, tuple[type, type]] = _Registered()
+
+
+def _kinds(items: Any) -> frozenset[str]:
+    return frozenset(k for k, c in algo_config.CONFIGS.items() if items(c.items))
+
+
+# Registered algorithms by what they train on (read once, at import).
+UNROLL_ALGOS = _kinds(lambda items: items == algo_config.UNROLLS)
+REPLAY_ALGOS = _kinds(lambda items: items != algo_config.UNROLLS)
+SEQUENCE_ALGOS = _kinds(lambda items: items == "sequences")
+
+
+def make_algo_config(algo_cfg: dict[str, Any] | AlgoConfig) -> AlgoConfig:
+    """The typed config of ``algo_cfg`` (a raw ``algo`` section, or a parsed one)."""
+    if not isinstance(algo_cfg, dict):
+        return algo_cfg
+    return algo_config.parse(algo_cfg)
+
+
+def make_algo(algo_cfg: dict[str, Any] | AlgoConfig, model: torch.nn.Module,
+              **extra: Any) -> Any:
+    """The learner object for ``algo_cfg``; ``extra`` goes to learners that take it
+    (``allreduce`` for data-parallel PPO)."""
+    cfg = make_algo_config(algo_cfg)
+    return learner_type(cfg)(cfg, model, **extra)

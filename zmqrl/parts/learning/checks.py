@@ -1,0 +1,55 @@
+"""What a learner checks in what it is handed, before it stores, credits or trains on
+it: unrolls on its ``experience`` port, ``batch`` replies from a replay and ``params``
+replies from a parameter server, each against its declaration in ``zmqrl.bus.messages``.
+
+Every violation raises :class:`wire.ProtocolError` (one log line and, on a ROUTER port,
+an ``error`` reply): a producer that talks to the learner directly (IMPALA's local-policy
+actors bypass the broker's checks) or a replay that stored something bad must not crash
+it, and one NaN trained on would poison every parameter the learner then publishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zmqrl.bus import messages, wire
+from zmqrl.parts.envs import EnvSpec
+
+UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
+STATE_KEYS = ("state_h", "state_c")  # unrolls of a recurrent policy (lstm_ac)
+TRANSITION_KEYS = ("obs", "action", "reward", "discount", "next_obs")
+SEQUENCE_KEYS = ("obs", "action", "reward", "done", "state_h", "state_c")
+POSITION_KEYS = ("obs", "policy", "outcome")
+# What a learner trains on of each replay item kind (``algo_config.REPLAY_ITEMS``).
+ITEM_KEYS = {"transitions": TRANSITION_KEYS, "sequences": SEQUENCE_KEYS,
+             "positions": POSITION_KEYS}
+
+
+def context(env: EnvSpec, model: torch.nn.Module, *, unroll: int | None = None,
+            sequence_length: int | None = None, state_size: int = 0) -> messages.Context:
+    """The dimensions a learner knows: the env's spaces, the unroll length T or the
+    sequence length L, the recurrent state size H (0: none in the data) and the model's
+    tensors (what ``params`` replies must carry)."""
+    return messages.Context.from_env(env, unroll=unroll, sequence_length=sequence_length,
+                                     state_size=state_size, model=model)
+
+
+def check_unroll(msg: wire.Message, ctx: messages.Context, recurrent: bool) -> int:
+    """An ``unroll`` the learner can queue and train on; returns its env columns n."""
+    spec = messages.spec(wire.UNROLL, "recurrent" if recurrent else "")
+    return messages.check(msg, spec, ctx)["n"]
+
+
+def check_batch(msg: wire.Message, ctx: messages.Context, items: str) -> int:
+    """A replay's ``batch`` reply of ``items`` (transitions, sequences with their stored
+    recurrent state, or positions) the learner can train on; returns its size B."""
+    return messages.check(msg, messages.spec(wire.BATCH, items), ctx)["B"]
+
+
+def check_params(msg: wire.Message, ctx: messages.Context) -> int:
+    """A ``params`` reply: exactly the model's tensors, finite; returns its version."""
+    messages.check(msg, messages.spec(wire.PARAMS), ctx)
+    version: Any = msg.fields["version"]
+    return version

@@ -1,7 +1,0 @@
-"""Self-play for two-player zero-sum games: the topology's ``self_play`` section
-(:mod:`zmqrl.selfplay.config`), the opponent pool the acting side samples opponents from
-(:mod:`zmqrl.selfplay.pool`), and the ratings the league node keeps
-(:mod:`zmqrl.selfplay.elo`). The behaviour that plays is ``zmqrl.acting.self_play``.
-
-Importing this package loads no torch.
-"""
