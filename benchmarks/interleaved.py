@@ -46,9 +46,14 @@ SETS = ["nodes.actor.replicas=1", "nodes.actor.args.lanes=2"]  # and the envs (-
 LIMIT_CHILD = r"""
 import sys, time
 import torch
-from zmqrl.parts.envs import env_spec, make_vector_env
-from zmqrl.parts.models import build_model
-from zmqrl.run.topology import load
+try:
+    from zmqrl.parts.envs import env_spec, make_vector_env
+    from zmqrl.parts.models import build_model
+    from zmqrl.run.topology import load
+except ImportError:  # a checkout from before the layout by layer (issue 28)
+    from zmqrl.envs import env_spec, make_vector_env
+    from zmqrl.models import build_model
+    from zmqrl.topology import load
 torch.set_num_threads(1)
 topo = load("topologies/seed.yaml")
 model = build_model(topo.model, env_spec(topo.env), topo.seed)
