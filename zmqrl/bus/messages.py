@@ -283,7 +283,10 @@ MESSAGES: tuple[MessageSpec, ...] = (
                       doc="the row appended to `metrics/<label>.csv` (always `time_s`, "
                           "`bad_messages`, `dropped`, `cpu_cores`)"),
                 Field("episodes", "list", rule="numbers",
-                      doc="returns of the episodes that finished since the last report"))),
+                      doc="returns of the episodes that finished since the last report "
+                          "(the newest, at most 10,000)"),
+                Field("episodes_more", "int", False, "nonneg",
+                      doc="episodes that finished besides those in `episodes`"))),
     MessageSpec(wire.PING, "Liveness request; any ROUTER port answers `pong`.",
                 "anyone → any ROUTER port",
                 fields=(Field("seq", "int", False, doc="echoed in the `pong`"),)),

@@ -12,6 +12,7 @@ import csv
 import math
 import os
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,29 @@ class EpisodeStats:
 
     def mean_length(self) -> float:
         return float(np.mean(self.lengths)) if self.lengths else math.nan
+
+
+class RecentReturns:
+    """Returns of the episodes finished since the last metrics report, bounded by
+    construction: the newest ``keep`` are kept, the rest only counted. A fast broker
+    over many short episodes can finish more in one interval than one report may carry
+    (the header is capped at 1 MiB); the run's mean needs only the newest, and its
+    episode count gets the rest as a number."""
+
+    def __init__(self, keep: int):
+        self.kept: deque[float] = deque(maxlen=keep)
+        self.count = 0  # episodes since the last take
+
+    def extend(self, returns: Sequence[float]) -> None:
+        self.count += len(returns)
+        self.kept.extend(returns)
+
+    def take(self) -> tuple[list[float], int]:
+        """(the kept returns, how many more finished than are kept); then empty."""
+        kept, more = list(self.kept), self.count - len(self.kept)
+        self.kept.clear()
+        self.count = 0
+        return kept, more
 
 
 class LatencyReservoir:

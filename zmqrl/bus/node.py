@@ -44,7 +44,7 @@ from zmqrl.bus import tensorboard as tb
 from zmqrl.bus.cores import CorePlan
 from zmqrl.bus.endpoints import Endpoints
 from zmqrl.bus.labels import label as make_label
-from zmqrl.bus.metrics import CsvLog
+from zmqrl.bus.metrics import CsvLog, RecentReturns
 from zmqrl.bus.spec import NodeSpec, TopologySpec
 from zmqrl.bus.status import NodeStatus
 
@@ -58,6 +58,9 @@ MAX_POLL_MS = 100
 # process is gone, checked this often (and signalled by the kernel, see lifetime.py).
 PARENT_PID_ENV = "ZMQRL_PARENT_PID"
 PARENT_CHECK_S = 0.5
+# Episode returns one metrics report carries at most (the newest; the rest are counted
+# in its episodes_more): ~90 KB of header, far under the 1 MiB cap.
+MAX_EPISODES_PER_REPORT = 10_000
 @dataclass(frozen=True)
 class Link:
     """A socket a node connects to another node's bound port."""
@@ -271,7 +274,7 @@ class Node:
         self.dropped = 0  # messages we chose not to deliver (full queues, gone peers)
         # Returns of episodes finished since the last metrics report; the supervisor
         # pools them from every node into the run's "mean of the last 100 episodes".
-        self.episode_log: list[float] = []
+        self.episode_log = RecentReturns(MAX_EPISODES_PER_REPORT)
         # Messages over the limit get a logged error and an error reply. The socket's own
         # cap sits above it: frames past that make ZeroMQ drop the connection outright,
         # so a hostile peer cannot make us buffer an unbounded frame.
@@ -695,6 +698,10 @@ class Node:
             sockets.send(self._supervisor, frames, flags=zmq.NOBLOCK)
         except zmq.Again:
             pass  # the supervisor is slow or gone; liveness is its problem, not ours
+        except (wire.ProtocolError, ValueError, TypeError) as exc:
+            # A report that cannot be encoded (too large, a bad field) is this node's
+            # bug, not a reason to stop: a timer that raised would end the node.
+            self.log.error("%s report not sent: %s", msg_type, exc)
 
     def _emit_metrics(self) -> None:
         now, cpu_s = time.monotonic(), time.process_time()
@@ -739,5 +746,6 @@ class Node:
         self._board.write(row, self._traffic)
         self._status.write(row, links)
         cores.keep_others_off(self.ctx.cores)  # e.g. the status writer's thread, new
-        self._report(wire.METRICS, row=row, episodes=self.episode_log)
-        self.episode_log = []
+        returns, more = self.episode_log.take()
+        self._report(wire.METRICS, row=row, episodes=returns,
+                     **({"episodes_more": more} if more else {}))

@@ -212,7 +212,7 @@ class RunMetrics:
                                      f"got {steps!r:.60}")
         self.returns.extend(episodes)
         self.returns_20.extend(episodes)
-        self.episodes += len(episodes)
+        self.episodes += len(episodes) + msg.fields.get("episodes_more", 0)
         if steps is not None:
             if peer.role == roles.LEARNS:
                 peer.steps = int(steps)  # restored with its checkpoint: never carried
