@@ -52,3 +52,33 @@ def test_a_step_with_120k_episodes_neither_kills_the_broker_nor_loses_a_count(
     assert client.request(wire.encode(wire.PING), timeout=10).type == wire.PONG
     text = log.read_text()
     assert "exited with" not in text and "Traceback" not in text, text[-3000:]
+
+
+def test_the_pbt_controller_survives_messages_that_are_not_for_it(processes, tmp_path,
+                                                                  client_factory):
+    """Issue 29, defect 5: well-formed messages of other ports (insert, heartbeat, credit,
+    get_params) and a report whose hyperparameters hold raw bytes are refused with an
+    error reply; the controller keeps answering and keeps checkpointing."""
+    path = REPO / "topologies" / "pbt_seed.yaml"
+    run_dir = tmp_path / "run"
+    log = tmp_path / "pbt.log"
+    processes.zmqrl("node", str(path), "pbt", "--run-dir", str(run_dir),
+                    "--set", "nodes.pbt.kind=pbt", "--set", "nodes.pbt.args.checkpoint_every_s=0.5",
+                    log=log)
+    client = client_factory(Endpoints(load(path), run_dir).bind_address("pbt", "members", 0))
+    assert client.request(wire.encode(wire.PING), timeout=90).type == wire.PONG
+    foreign = [
+        wire.encode(wire.INSERT, {"obs": np.zeros((1, 4), np.float32)}),
+        wire.encode(wire.HEARTBEAT, label="pbt"),
+        wire.encode(wire.CREDIT, n=1),
+        wire.encode(wire.GET_PARAMS),
+        wire.encode(wire.PBT_REPORT, member=0, steps=10, checkpointed=False,
+                    hyperparameters={"lr": b"\\x00raw"}),
+    ]
+    for frames in foreign:
+        assert client.request(frames, timeout=10).type == wire.ERROR
+    checkpoint = run_dir / "checkpoints" / "pbt.json"
+    checkpoint.unlink(missing_ok=True)
+    wait_for(checkpoint.exists, 20, "the controller's next checkpoint")
+    assert client.request(wire.encode(wire.PING), timeout=10).type == wire.PONG
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
