@@ -15,7 +15,6 @@ checkpoint, ``checkpoints/<label>.json``, restored when it starts.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any, BinaryIO
 from zmqrl.bus import messages, wire
 from zmqrl.bus.node import Node
 from zmqrl.parts.checkpoint import Checkpointer, Format, node_checkpoint
-from zmqrl.run.population import Population, Settings
+from zmqrl.run.population import Population, Settings, reported_hyperparameters_error
 
 # An exploit whose donor or recipient does not answer within this is dropped (the
 # recipient's next ready point tries again).
@@ -37,26 +36,6 @@ def _json_dump(state: dict[str, Any], f: BinaryIO) -> None:
 
 
 JSON = Format(".json", _json_dump, lambda path: json.loads(Path(path).read_text()))
-
-
-_MAX_HYPERPARAMETERS = 64
-
-
-def _check_hyperparameters(values: Any) -> None:
-    """A report's hyperparameters must be what the lineage and the checkpoint can hold
-    (JSON): names to finite numbers, short strings or booleans."""
-    if values is None:
-        return
-    if not isinstance(values, dict) or len(values) > _MAX_HYPERPARAMETERS:
-        raise wire.ProtocolError(f"hyperparameters must map at most {_MAX_HYPERPARAMETERS} "
-                                 "names to values")
-    for name, value in values.items():
-        ok = isinstance(name, str) and len(name) <= 64 and (
-            isinstance(value, bool) or (isinstance(value, str) and len(value) <= 256)
-            or (isinstance(value, int | float) and math.isfinite(value)))
-        if not ok:
-            raise wire.ProtocolError(f"hyperparameter {name!r:.40}: {value!r:.40} is not a "
-                                     "finite number, a short string or a boolean")
 
 
 class PBTController(Node):
@@ -99,7 +78,9 @@ class PBTController(Node):
         messages.check(msg, messages.spec(msg.type), _CONTEXT)
         f = msg.fields
         if msg.type == wire.PBT_REPORT:
-            _check_hyperparameters(f.get("hyperparameters"))
+            problem = reported_hyperparameters_error(f.get("hyperparameters"))
+            if problem:
+                raise wire.ProtocolError(problem)
         member = f["member"]
         if member >= self.pop.settings.size:
             raise wire.ProtocolError(f"member {member}: the population has "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -122,12 +122,20 @@ def load_path(target: str, import_paths: Iterable[str] = (), part: str = "part")
     return obj
 
 
-def name_of(part: str, obj: Any) -> str | None:
-    """The short name ``obj`` is registered under as a ``part`` (None if none): for
-    messages and ``describe``; loads the group's entry points."""
-    for name, ep in _entry_points(GROUPS[part]).items():
-        module, _, attr = ep.value.partition(":")
-        if getattr(obj, "__module__", None) == module and \
-                getattr(obj, "__qualname__", None) == attr.strip():
-            return name
-    return None
+class Registered(Mapping[str, Any]):
+    """The short names registered for a part -> what each resolves to, read-only: what
+    exists is what is installed (zmqrl's own and every plug-in's)."""
+
+    def __init__(self, part: str):
+        self.part = part
+
+    def __getitem__(self, name: str) -> Any:
+        if is_import_path(name) or name not in _entry_points(GROUPS[self.part]):
+            raise KeyError(name)
+        return resolve(self.part, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(names(self.part))
+
+    def __len__(self) -> int:
+        return len(names(self.part))

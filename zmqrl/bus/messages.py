@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.bus import wire
+from zmqrl.bus import roles, wire
 
 # ----- the vocabulary ---------------------------------------------------------------
 # Shape symbols: meaning and least value. Unknown symbols are a bug in a declaration.
@@ -66,7 +66,8 @@ RULES: dict[str, str] = {
     "action": "inside the action space",  # discrete: ints in [0, A); Box: finite floats
     "row": "a map from str to a number or str",
     "numbers": "a list of finite numbers",
-    "shows": "at most 8 names (of at most 64 characters) to `sum` or `last`",
+    "shows": f"at most {roles.MAX_SHOWN} names (of at most 64 characters) to "
+             f"{' or '.join(f'`{p}`' for p in roles.POOLING)}",
     "behaviour_args": f"at most {MAX_BEHAVIOUR_ARGS} names (of at most 64 characters) to "
                       f"numbers within ±{MAX_BEHAVIOUR_ARG:g}",
 }
@@ -542,8 +543,8 @@ def _rule_ok(rule: str, value: Any) -> bool:
     if rule == "numbers":
         return all(type(v) in (int, float) and math.isfinite(v) for v in value)
     if rule == "shows":
-        return len(value) <= 8 and all(type(k) is str and len(k) <= 64 and v in ("sum", "last")
-                                       for k, v in value.items())
+        return len(value) <= roles.MAX_SHOWN and all(
+            type(k) is str and len(k) <= 64 and v in roles.POOLING for k, v in value.items())
     if rule == "behaviour_args":
         return len(value) <= MAX_BEHAVIOUR_ARGS and all(
             type(k) is str and len(k) <= 64 and type(v) in (int, float)

@@ -349,23 +349,8 @@ class AlphaZeroConfig(AlgoConfig):
         return errors
 
 
-class _Registered(Mapping[str, type]):
-    """The registered algorithms (``zmqrl.algos`` entry points) -> config class,
-    read-only: what exists is what is installed."""
-
-    def __getitem__(self, kind: str) -> type:
-        if plugins.is_import_path(kind) or kind not in plugins.names("algo"):
-            raise KeyError(kind)
-        return plugins.resolve("algo", kind)
-
-    def __iter__(self) -> typing.Iterator[str]:
-        return iter(plugins.names("algo"))
-
-    def __len__(self) -> int:
-        return len(plugins.names("algo"))
-
-
-CONFIGS: Mapping[str, type] = _Registered()
+# The registered algorithms (``zmqrl.algos`` entry points) -> config class, read-only.
+CONFIGS: Mapping[str, type] = plugins.Registered("algo")
 
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from zmqrl import plugins
 from zmqrl.bus import messages, roles, wire
@@ -44,7 +44,6 @@ class Topology(Protocol):
     acting: Any
 
 
-@runtime_checkable
 class Learner(Protocol):
     """What an algorithm's learner object provides (built as ``Learner(cfg, model,
     **options)``). ``update`` trains on one batch and returns its loss terms (a dict of
@@ -74,9 +73,7 @@ def _missing(cls: type, names: tuple[str, ...], base: type | None = None) -> lis
             or (base is not None and getattr(cls, n) is getattr(base, n, None))]
 
 
-def _learner_missing(cls: type) -> list[str]:
-    return [n for n in ("update", "state_dict", "load_state_dict")
-            if not callable(getattr(cls, n, None))]
+LEARNER_METHODS = ("update", "state_dict", "load_state_dict")  # Learner's, checked by name
 
 
 def errors(topo: Topology) -> Errors:
@@ -99,7 +96,7 @@ def errors(topo: Topology) -> Errors:
         else:
             found += [(where_algo, f"learner {cfg.learner} lacks the method '{name}' "
                                    "(zmqrl.run.contracts.Learner)")
-                      for name in _learner_missing(learner)]
+                      for name in _missing(learner, LEARNER_METHODS)]
 
     from zmqrl.parts.acting import Behaviour, behaviour_type
 

@@ -152,6 +152,27 @@ def _learns(body: dict[str, Any]) -> bool:
         return False
 
 
+MAX_HYPERPARAMETERS = 64
+
+
+def reported_hyperparameters_error(values: Any) -> str | None:
+    """What is wrong with a member report's hyperparameters, or None: they must be what
+    the lineage and the controller's checkpoint can hold (JSON), names to finite
+    numbers, short strings or booleans."""
+    if values is None:
+        return None
+    if not isinstance(values, dict) or len(values) > MAX_HYPERPARAMETERS:
+        return f"hyperparameters must map at most {MAX_HYPERPARAMETERS} names to values"
+    for name, value in values.items():
+        ok = isinstance(name, str) and len(name) <= 64 and (
+            isinstance(value, bool) or (isinstance(value, str) and len(value) <= 256)
+            or (isinstance(value, int | float) and math.isfinite(value)))
+        if not ok:
+            return (f"hyperparameter {name!r:.40}: {value!r:.40} is not a finite number, "
+                    "a short string or a boolean")
+    return None
+
+
 # ----- exploit / explore --------------------------------------------------------------
 @dataclass
 class Member:

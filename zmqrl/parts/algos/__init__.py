@@ -36,14 +36,9 @@ class _Registered(Mapping[str, tuple[type, type]]):
 ALGOS: Mapping[str, tuple[type, type]] = _Registered()
 
 
-def _kinds(items: Any) -> frozenset[str]:
-    return frozenset(k for k, c in algo_config.CONFIGS.items() if items(c.items))
-
-
-# Registered algorithms by what they train on (read once, at import).
-UNROLL_ALGOS = _kinds(lambda items: items == algo_config.UNROLLS)
-REPLAY_ALGOS = _kinds(lambda items: items != algo_config.UNROLLS)
-SEQUENCE_ALGOS = _kinds(lambda items: items == "sequences")
+# The registered algorithms that train on unrolls (read once, at import).
+UNROLL_ALGOS = frozenset(k for k, c in algo_config.CONFIGS.items()
+                         if c.items == algo_config.UNROLLS)
 
 
 def make_algo_config(algo_cfg: dict[str, Any] | AlgoConfig) -> AlgoConfig:

@@ -36,22 +36,6 @@ from zmqrl.parts.models.recurrent import RecurrentActorCritic, RecurrentQNetwork
 DEFAULT_MODEL = "mlp"
 
 
-class _Registered(Mapping[str, Callable[..., nn.Module]]):
-    """The registered model kinds (every installed distribution's ``zmqrl.models``
-    entry points), read-only: what exists is what is registered."""
-
-    def __getitem__(self, kind: str) -> Callable[..., nn.Module]:
-        if plugins.is_import_path(kind) or kind not in plugins.names("model"):
-            raise KeyError(kind)
-        return plugins.resolve("model", kind)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(plugins.names("model"))
-
-    def __len__(self) -> int:
-        return len(plugins.names("model"))
-
-
 class _Serves(Mapping[str, frozenset[str]]):
     """Registered model kind -> the registered algorithms it can serve (their config's
     ``model_interface`` is the model's ``interface``)."""
@@ -69,7 +53,7 @@ class _Serves(Mapping[str, frozenset[str]]):
         return len(MODEL_KINDS)
 
 
-MODEL_KINDS: Mapping[str, Callable[..., nn.Module]] = _Registered()
+MODEL_KINDS: Mapping[str, Callable[..., nn.Module]] = plugins.Registered("model")
 MODEL_ALGOS: Mapping[str, frozenset[str]] = _Serves()
 
 
