@@ -245,12 +245,15 @@ def endpoints(topology: str, run_dir: str | None, sets: tuple[str, ...]) -> None
 
 @main.command()
 @click.argument("topologies", nargs=-1, required=True, type=click.Path(dir_okay=False))
-def validate(topologies: tuple[str, ...]) -> None:
-    """Check topology files; print every problem with its file, node and field."""
+@_set_option
+def validate(topologies: tuple[str, ...], sets: tuple[str, ...]) -> None:
+    """Check topology files; print every problem with its file, node and field. With
+    --set, each file as `up --set` would run it (the same overrides, applied to each)."""
+    overrides = _overrides(sets)
     failed = False
     for path in topologies:
         try:
-            topo = load(path)
+            topo = load(path, overrides)
         except TopologyError as exc:
             failed = True
             for line in exc.errors:

@@ -3,6 +3,9 @@
 Each algorithm's hyperparameters are one dataclass (CleanRL style). ``zmqrl.run.topology``
 parses the ``algo`` section into it when the topology loads (``Topology.algo_config``),
 so every node reads the same values, defaults included: no node repeats a default.
+Each numeric field declares its range next to its default (``ranged(0.99, ge=0, le=1)``,
+:mod:`zmqrl.parts.bounds`): :func:`errors` (what ``zmqrl validate`` reports) names a field
+out of range, a config built with one raises, and PBT perturbs within it.
 
 Besides its hyperparameters each config declares, as class attributes (:class:`AlgoConfig`),
 the parts it is built of by default — its learner class, the item kind it trains on, the
@@ -29,6 +32,7 @@ their config without loading it.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import typing
 from collections.abc import Mapping
@@ -36,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from zmqrl import plugins
+from zmqrl.parts import bounds
+from zmqrl.parts.bounds import ranged
 
 UNROLL, REPLAY, SEQUENCE, SEARCH = "unroll", "replay", "sequence", "search"
 DEFAULT_KIND = "vtrace"
@@ -43,6 +49,8 @@ DEFAULT_KIND = "vtrace"
 # ``experience`` port); every other item kind is an ``insert``/``batch`` variant that a
 # replay holds (``zmqrl.bus.messages``: transitions, sequences, positions, ...).
 UNROLLS = "unrolls"
+# False while :func:`parse` builds a topology's config: see there.
+_CHECKED = contextvars.ContextVar("algo_config_checked", default=True)
 
 
 class AlgoConfig:
@@ -69,6 +77,26 @@ class AlgoConfig:
         flushed when an episode ends); what sizes a replay's largest insert."""
         return max(1, int(getattr(self, "n_step", 1)))
 
+    def __post_init__(self) -> None:
+        # A config built directly (a test, a learner, PBT's dataclasses.replace) is held
+        # to the same ranges as a topology's algo section: a bad value raises here.
+        problems = config_errors(type(self), dataclasses.asdict(self)) if _CHECKED.get() else []
+        if problems:
+            raise ValueError("; ".join(f"algo.{key}: {msg}" for key, msg in problems))
+
+    @classmethod
+    def field_errors(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(field, message) for each value of ``values`` (an ``algo`` section; missing
+        fields take defaults) out of its declared range or inconsistent with another."""
+        return config_errors(cls, values)
+
+    @classmethod
+    def cross_field_errors(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(field, message) for values that are each in range but do not fit together
+        (R2D2: burn-in < sequence length). ``values``: every field, defaults filled in;
+        a value may still be of the wrong type (the type check reports it): skip it."""
+        return []
+
 
 @dataclass
 class VTraceConfig(AlgoConfig):
@@ -84,22 +112,22 @@ class VTraceConfig(AlgoConfig):
     behaviour: ClassVar[str] = "actor_critic"
     gradient_behaviour: ClassVar[str | None] = "a3c_gradients"
     model_interface: ClassVar[str | None] = "actor_critic"
-    unroll: int = 20  # steps per unroll; the broker assembles unrolls this long
-    batch_size: int = 32  # env columns (unrolls) per update
-    lr: float = 6e-4
-    discount: float = 0.99
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
-    clip_rho: float | None = 1.0
-    clip_c: float | None = 1.0
-    clip_pg_rho: float | None = 1.0
-    max_grad_norm: float = 40.0
-    epochs: int = 1  # SGD passes over each batch (V-trace corrects the drift)
-    minibatches: int = 1  # column splits per pass
+    unroll: int = ranged(20, ge=1)  # steps per unroll; the broker assembles unrolls this long
+    batch_size: int = ranged(32, ge=1)  # env columns (unrolls) per update
+    lr: float = ranged(6e-4, gt=0)
+    discount: float = ranged(0.99, ge=0, le=1)
+    baseline_cost: float = ranged(0.5, ge=0)
+    entropy_cost: float = ranged(0.01, ge=0)
+    clip_rho: float | None = ranged(1.0, gt=0)  # None: importance weights not clipped
+    clip_c: float | None = ranged(1.0, gt=0)
+    clip_pg_rho: float | None = ranged(1.0, gt=0)
+    max_grad_norm: float = ranged(40.0, gt=0)
+    epochs: int = ranged(1, ge=1)  # SGD passes over each batch (V-trace corrects the drift)
+    minibatches: int = ranged(1, ge=1)  # column splits per pass
     normalize_advantages: bool = False
-    adam_eps: float = 1e-5
+    adam_eps: float = ranged(1e-5, gt=0)
     # Rewards are multiplied by this before V-trace (values learn the scaled return).
-    reward_scale: float = 1.0
+    reward_scale: float = ranged(1.0, gt=0)
     # zmqrl.parts.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
     # learner start-up (see there).
     light_adam: bool = False
@@ -107,7 +135,7 @@ class VTraceConfig(AlgoConfig):
     # epsilon set, the policy loss is -min(r A, clip(r, 1-eps, 1+eps) A), r = pi/mu,
     # A = r_s + gamma_s v_{s+1} - V(x_s) from the V-trace targets (rho not applied, r
     # carries it). A trust region that makes several epochs per batch safe.
-    ppo_clip: float | None = None
+    ppo_clip: float | None = ranged(None, gt=0)
 
 @dataclass
 class A2CConfig(AlgoConfig):
@@ -119,14 +147,14 @@ class A2CConfig(AlgoConfig):
     behaviour: ClassVar[str] = "actor_critic"
     gradient_behaviour: ClassVar[str | None] = "a3c_gradients"
     model_interface: ClassVar[str | None] = "actor_critic"
-    unroll: int = 5  # steps per unroll
-    batch_size: int = 32  # env columns (unrolls) per update
-    lr: float = 7e-4
-    discount: float = 0.99
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
-    max_grad_norm: float = 0.5
-    adam_eps: float = 1e-5
+    unroll: int = ranged(5, ge=1)  # steps per unroll
+    batch_size: int = ranged(32, ge=1)  # env columns (unrolls) per update
+    lr: float = ranged(7e-4, gt=0)
+    discount: float = ranged(0.99, ge=0, le=1)
+    baseline_cost: float = ranged(0.5, ge=0)
+    entropy_cost: float = ranged(0.01, ge=0)
+    max_grad_norm: float = ranged(0.5, gt=0)
+    adam_eps: float = ranged(1e-5, gt=0)
     normalize_advantages: bool = False
 
 @dataclass
@@ -141,28 +169,30 @@ class PPOConfig(AlgoConfig):
     gradient_behaviour: ClassVar[str | None] = "a3c_gradients"
     model_interface: ClassVar[str | None] = "actor_critic"
     data_parallel: ClassVar[bool] = True
-    unroll: int = 128  # steps per unroll (T); the broker assembles unrolls this long
+    unroll: int = ranged(128, ge=1)  # steps per unroll (T); the broker assembles unrolls this long
     # Env columns per update, summed over all learner ranks (each rank takes its share:
     # batch_size / ranks columns, the same on every rank).
-    batch_size: int = 16
-    lr: float = 3e-4  # Adam step size (the start value when annealed)
+    batch_size: int = ranged(16, ge=1)
+    lr: float = ranged(3e-4, gt=0)  # Adam step size (the start value when annealed)
     anneal_lr: bool = False  # decay lr linearly to 0 ...
-    anneal_updates: int = 0  # ... over this many updates (required with anneal_lr)
-    discount: float = 0.99  # gamma
-    gae_lambda: float = 0.95  # GAE lambda (1: Monte Carlo returns, 0: one-step TD)
-    epochs: int = 10  # passes over each batch
+    anneal_updates: int = ranged(0, ge=0)  # ... over this many updates (required with anneal_lr)
+    discount: float = ranged(0.99, ge=0, le=1)  # gamma
+    # GAE lambda (1: Monte Carlo returns, 0: one-step TD)
+    gae_lambda: float = ranged(0.95, ge=0, le=1)
+    epochs: int = ranged(10, ge=1)  # passes over each batch
     # Minibatches per pass, over the rank's T x B local samples; with a recurrent model
     # (lstm_ac), over its B local env columns, each a whole sequence (recurrent_ppo.py).
-    minibatches: int = 32
-    clip: float = 0.2  # surrogate clip: ratio kept within [1 - clip, 1 + clip]
+    minibatches: int = ranged(32, ge=1)
+    clip: float = ranged(0.2, gt=0)  # surrogate clip: ratio kept within [1 - clip, 1 + clip]
     clip_value: bool = True  # clip the value change around the old value by `clip` too
-    value_cost: float = 0.5  # weight of the value loss (0.5 * squared error)
-    entropy_cost: float = 0.0  # weight of the entropy bonus
-    max_grad_norm: float = 0.5  # global gradient-norm clip (after averaging across ranks)
+    value_cost: float = ranged(0.5, ge=0)  # weight of the value loss (0.5 * squared error)
+    entropy_cost: float = ranged(0.0, ge=0)  # weight of the entropy bonus
+    # global gradient-norm clip (after averaging across ranks)
+    max_grad_norm: float = ranged(0.5, gt=0)
     normalize_advantages: bool = True  # per minibatch, as CleanRL
-    adam_eps: float = 1e-5
+    adam_eps: float = ranged(1e-5, gt=0)
     # Rewards are multiplied by this before GAE (values learn the scaled return).
-    reward_scale: float = 1.0
+    reward_scale: float = ranged(1.0, gt=0)
     # zmqrl.parts.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
     # learner start-up.
     light_adam: bool = False
@@ -178,15 +208,16 @@ class DQNConfig(AlgoConfig):
     behaviour: ClassVar[str] = "epsilon_greedy"
     source: ClassVar[str] = "replay"
     model_interface: ClassVar[str | None] = "q"
-    batch_size: int = 64  # transitions sampled from replay per update
-    lr: float = 2.5e-4  # Adam
-    discount: float = 0.99
-    n_step: int = 3  # used by actors (NStepAccumulator); the learner reads batch["discount"]
-    target_update_every: int = 100  # updates between hard copies online -> target
-    max_grad_norm: float = 10.0
-    huber_delta: float = 1.0
+    batch_size: int = ranged(64, ge=1)  # transitions sampled from replay per update
+    lr: float = ranged(2.5e-4, gt=0)  # Adam
+    discount: float = ranged(0.99, ge=0, le=1)
+    # used by actors (NStepAccumulator); the learner reads batch["discount"]
+    n_step: int = ranged(3, ge=1)
+    target_update_every: int = ranged(100, ge=1)  # updates between hard copies online -> target
+    max_grad_norm: float = ranged(10.0, gt=0)
+    huber_delta: float = ranged(1.0, gt=0)
     double: bool = True  # double DQN targets; False: max_a Q_target(s', a)
-    adam_eps: float = 1.5e-4
+    adam_eps: float = ranged(1.5e-4, gt=0)
 
 @dataclass
 class R2D2Config(AlgoConfig):
@@ -200,23 +231,27 @@ class R2D2Config(AlgoConfig):
     source: ClassVar[str] = "replay"
     model_interface: ClassVar[str | None] = "recurrent_q"
     # L: transitions per replayed sequence (each item also holds obs L to bootstrap).
-    sequence_length: int = 40
+    sequence_length: int = ranged(40, ge=1)
     # Leading steps of a sequence that only warm the recurrent state up from the stored
     # state (no loss, no priority, no gradient). With overlap >= burn_in every step is
-    # in the learning part of some sequence.
-    burn_in: int = 10
+    # in the learning part of some sequence. (< sequence_length: cross_field_errors)
+    burn_in: int = ranged(10, ge=0)
     # Steps shared by consecutive sequences of an env: a sequence starts every
-    # sequence_length - overlap steps.
-    overlap: int = 20
-    batch_size: int = 32  # sequences sampled from replay per update
-    lr: float = 1e-3  # Adam
-    adam_eps: float = 1e-3
-    discount: float = 0.99
-    n_step: int = 5  # rewards summed before bootstrapping (fewer at a sequence's end)
-    eta: float = 0.9  # priority = eta * max |td| + (1 - eta) * mean |td| over a sequence
-    rescale_eps: float = 1e-3  # the eps of the value rescaling h (must be > 0)
-    target_update_every: int = 200  # updates between hard copies online -> target
-    max_grad_norm: float = 40.0
+    # sequence_length - overlap steps. (< sequence_length: cross_field_errors)
+    overlap: int = ranged(20, ge=0)
+    batch_size: int = ranged(32, ge=1)  # sequences sampled from replay per update
+    lr: float = ranged(1e-3, gt=0)  # Adam
+    adam_eps: float = ranged(1e-3, gt=0)
+    discount: float = ranged(0.99, ge=0, le=1)
+    # rewards summed before bootstrapping (fewer at a sequence's end)
+    n_step: int = ranged(5, ge=1)
+    # priority = eta * max |td| + (1 - eta) * mean |td| over a sequence
+    eta: float = ranged(0.9, ge=0, le=1)
+    # the eps of the value rescaling h
+    rescale_eps: float = ranged(1e-3, gt=0,
+                                why="the inverse of the value rescaling divides by it")
+    target_update_every: int = ranged(200, ge=1)  # updates between hard copies online -> target
+    max_grad_norm: float = ranged(40.0, gt=0)
     # zmqrl.parts.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
     # learner start-up (see there).
     light_adam: bool = False
@@ -224,46 +259,21 @@ class R2D2Config(AlgoConfig):
     def items_per_env_step(self) -> int:
         return 1  # at most one sequence per env completes in a step
 
-    def __post_init__(self) -> None:
-        errors = self.field_errors(dataclasses.asdict(self))
-        if errors:
-            raise ValueError("; ".join(f"algo.{key}: {msg}" for key, msg in errors))
-
     @classmethod
-    def field_errors(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """(field, message) for each value out of range, or inconsistent with another,
-        in ``values`` (a topology's ``algo`` section; missing fields take defaults).
-        Values of the wrong type are skipped: the topology's type check reports them."""
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        v = {**defaults, **{k: x for k, x in values.items() if k in defaults}}
-
-        def number(key: str) -> bool:
-            return isinstance(v[key], (int, float)) and not isinstance(v[key], bool)
-
-        rules = [
-            ("sequence_length", lambda: v["sequence_length"] >= 1, "must be >= 1"),
-            ("burn_in", lambda: 0 <= v["burn_in"] < v["sequence_length"],
-             f"must be >= 0 and < sequence_length ({v['sequence_length']}): at least one "
-             "step of each sequence must be learned on"),
-            ("overlap", lambda: 0 <= v["overlap"] < v["sequence_length"],
-             f"must be >= 0 and < sequence_length ({v['sequence_length']}): a sequence "
-             "starts every sequence_length - overlap steps"),
-            ("batch_size", lambda: v["batch_size"] >= 1, "must be >= 1"),
-            ("n_step", lambda: v["n_step"] >= 1, "must be >= 1"),
-            ("lr", lambda: v["lr"] > 0, "must be > 0"),
-            ("adam_eps", lambda: v["adam_eps"] > 0, "must be > 0"),
-            ("discount", lambda: 0 <= v["discount"] <= 1, "must be in [0, 1]"),
-            ("eta", lambda: 0 <= v["eta"] <= 1, "must be in [0, 1]"),
-            ("rescale_eps", lambda: v["rescale_eps"] > 0,
-             "must be > 0 (the inverse of the value rescaling divides by it)"),
-            ("target_update_every", lambda: v["target_update_every"] >= 1, "must be >= 1"),
-            ("max_grad_norm", lambda: v["max_grad_norm"] > 0, "must be > 0"),
-        ]
-        others = {"burn_in": ["sequence_length"], "overlap": ["sequence_length"]}
+    def cross_field_errors(cls, v: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Burn-in and overlap must leave room in a sequence."""
+        if not all(bounds.is_number(v[k]) for k in ("sequence_length", "burn_in", "overlap")):
+            return []
+        length = v["sequence_length"]
         errors = []
-        for key, ok, message in rules:
-            if all(number(k) for k in [key, *others.get(key, [])]) and not ok():
-                errors.append((key, f"{v[key]!r}: {message}"))
+        if v["burn_in"] >= length >= 1:
+            errors.append(("burn_in", f"{v['burn_in']!r}: must be >= 0 and < sequence_length "
+                                      f"({length}): at least one step of each sequence must "
+                                      "be learned on"))
+        if v["overlap"] >= length >= 1:
+            errors.append(("overlap", f"{v['overlap']!r}: must be >= 0 and < sequence_length "
+                                      f"({length}): a sequence starts every sequence_length "
+                                      "- overlap steps"))
         return errors
 
 
@@ -281,17 +291,18 @@ class AlphaZeroConfig(AlgoConfig):
     source: ClassVar[str] = "replay"
     model_interface: ClassVar[str | None] = "policy_value"
     reduced_precision: ClassVar[bool] = True
-    num_simulations: int = 50  # MCTS simulations per move
-    c_puct: float = 1.5  # exploration weight of the PUCT rule
-    dirichlet_alpha: float = 1.0  # root noise Dir(alpha) over the legal moves ...
-    dirichlet_fraction: float = 0.25  # ... mixed into the root priors with this weight
+    num_simulations: int = ranged(50, ge=1)  # MCTS simulations per move
+    c_puct: float = ranged(1.5, gt=0)  # exploration weight of the PUCT rule
+    dirichlet_alpha: float = ranged(1.0, gt=0)  # root noise Dir(alpha) over the legal moves ...
+    # ... mixed into the root priors with this weight
+    dirichlet_fraction: float = ranged(0.25, ge=0, le=1)
     # The first moves of each game are sampled in proportion to the root's visit counts
     # (temperature 1); later ones take the most visited move.
-    temperature_moves: int = 4
+    temperature_moves: int = ranged(4, ge=0)
     # A position's value target: the game's outcome z for the player to move, or
     # (1 - mix) z + mix q with q the search's value of the position (its root), which
     # is less noisy than one game's result (what Oracle's connect-four AlphaZero found).
-    value_target_mix: float = 0.0
+    value_target_mix: float = ranged(0.0, ge=0, le=1)
     # Each finished game goes to the replay mirrored left-right as well (games whose
     # rules are symmetric: tic-tac-toe, connect four), twice the positions per game.
     mirror_games: bool = False
@@ -299,54 +310,35 @@ class AlphaZeroConfig(AlgoConfig):
     # is searched with num_simulations (root noise on) and recorded; the others with
     # fast_simulations, no noise, not recorded. More games for the same search: more
     # independent outcomes for the value target. 1: every move searched fully.
-    full_search_fraction: float = 1.0
-    fast_simulations: int = 20
+    full_search_fraction: float = ranged(1.0, gt=0, le=1)
+    fast_simulations: int = ranged(20, ge=1)  # <= num_simulations: cross_field_errors
     # Each move's search starts from the subtree of the move just played, whose visits
     # count towards its simulations (instead of a fresh tree).
     reuse_trees: bool = False
-    batch_size: int = 128  # positions per update
-    lr: float = 1e-3  # Adam (the start value when annealed)
+    batch_size: int = ranged(128, ge=1)  # positions per update
+    lr: float = ranged(1e-3, gt=0)  # Adam (the start value when annealed)
     # With anneal_updates > 0 the lr falls linearly from lr to lr_final over that many
     # updates and then stays at lr_final (AlphaZero lowered its lr in steps); 0: constant.
-    anneal_updates: int = 0
-    lr_final: float = 1e-4
-    value_cost: float = 1.0  # weight of the value MSE (the policy cross-entropy has 1)
-    l2: float = 1e-4  # weight of the sum of squared weights (biases excluded)
-    max_grad_norm: float = 10.0
+    anneal_updates: int = ranged(0, ge=0)
+    lr_final: float = ranged(1e-4, ge=0)
+    # weight of the value MSE (the policy cross-entropy has 1)
+    value_cost: float = ranged(1.0, ge=0)
+    l2: float = ranged(1e-4, ge=0)  # weight of the sum of squared weights (biases excluded)
+    max_grad_norm: float = ranged(10.0, gt=0)
     # zmqrl.parts.algos.optim.LightAdam instead of torch.optim.Adam: same update, ~1 s less
     # learner start-up (see there).
     light_adam: bool = False
 
     @classmethod
-    def field_errors(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """(field, message) for each value out of range (wrong types: see R2D2Config)."""
-        rules = {"num_simulations": (lambda x: x >= 1, "must be >= 1"),
-                 "c_puct": (lambda x: x > 0, "must be > 0"),
-                 "dirichlet_alpha": (lambda x: x > 0, "must be > 0"),
-                 "dirichlet_fraction": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
-                 "temperature_moves": (lambda x: x >= 0, "must be >= 0"),
-                 "value_target_mix": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
-                 "full_search_fraction": (lambda x: 0 < x <= 1, "must be in (0, 1]"),
-                 "fast_simulations": (lambda x: x >= 1, "must be >= 1"),
-                 "batch_size": (lambda x: x >= 1, "must be >= 1"),
-                 "lr": (lambda x: x > 0, "must be > 0"),
-                 "anneal_updates": (lambda x: x >= 0, "must be >= 0"),
-                 "lr_final": (lambda x: x >= 0, "must be >= 0"),
-                 "value_cost": (lambda x: x >= 0, "must be >= 0"),
-                 "l2": (lambda x: x >= 0, "must be >= 0"),
-                 "max_grad_norm": (lambda x: x > 0, "must be > 0")}
-        errors = [(key, f"{values[key]!r}: {message}") for key, (ok, message) in rules.items()
-                  if isinstance(values.get(key), (int, float))
-                  and not isinstance(values[key], bool) and not ok(values[key])]
-        # a fast search is the cheaper one (when fast searches are on at all)
-        fast = values.get("fast_simulations", cls.fast_simulations)
-        full = values.get("num_simulations", cls.num_simulations)
-        if values.get("full_search_fraction", 1.0) != 1.0 and \
+    def cross_field_errors(cls, v: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """A fast search is the cheaper one (when fast searches are on at all)."""
+        fast, full = v["fast_simulations"], v["num_simulations"]
+        if v["full_search_fraction"] != 1.0 and \
                 all(isinstance(x, int) and not isinstance(x, bool) for x in (fast, full)) \
                 and fast > full:
-            errors.append(("fast_simulations", f"{fast!r}: must be <= num_simulations ({full})"
-                           " when full_search_fraction < 1"))
-        return errors
+            return [("fast_simulations", f"{fast!r}: must be <= num_simulations ({full})"
+                                         " when full_search_fraction < 1")]
+        return []
 
 
 # The registered algorithms (``zmqrl.algos`` entry points) -> config class, read-only.
@@ -376,8 +368,17 @@ def learner_type(cfg: AlgoConfig | type) -> type:
 
 def parse(algo: Mapping[str, Any]) -> AlgoConfig:
     """The typed config of a topology's ``algo`` section (already validated by
-    :func:`errors`): unknown keys are an error there, so none are dropped silently here."""
-    return config_type(algo.get("kind", DEFAULT_KIND))(**dict(algo))
+    :func:`errors`): unknown keys are an error there, so none are dropped silently here.
+
+    Built without the range checks a config makes when constructed: a topology that
+    loads has passed :func:`errors`, and while ``zmqrl validate`` is still checking one,
+    node checks read its config too: a value out of range is then reported once, naming
+    its field, rather than also failing every check that reads the config."""
+    token = _CHECKED.set(False)
+    try:
+        return config_type(algo.get("kind", DEFAULT_KIND))(**dict(algo))
+    finally:
+        _CHECKED.reset(token)
 
 
 def errors(algo: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -389,10 +390,37 @@ def errors(algo: Mapping[str, Any]) -> list[tuple[str, str]]:
     except ValueError as exc:
         return [("kind", str(exc).removeprefix("algo.kind: "))]
     found = field_type_errors(cls, algo, kind)
-    # Cross-field checks a config may define (R2D2: burn-in < sequence length, ...).
-    if not found and hasattr(cls, "field_errors"):
-        found += cls.field_errors(algo)
+    return found or config_errors(cls, algo)
+
+
+def config_errors(cls: type, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, message) for each value of ``values`` outside its field's declared range
+    (:func:`zmqrl.parts.bounds.ranged`), then what the config's ``cross_field_errors``
+    finds, if it has one. Any config dataclass, a plug-in's included: ranges declared
+    with ``ranged`` are checked with nothing else to write."""
+    found = bounds.range_errors(cls, values)
+    cross = getattr(cls, "cross_field_errors", None)
+    if cross is not None:
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)
+                    if f.default is not dataclasses.MISSING}
+        known = {k: v for k, v in values.items() if k in {f.name for f in
+                                                          dataclasses.fields(cls)}}
+        found += cross({**defaults, **known})
     return found
+
+
+def field_value(algo: Mapping[str, Any], name: str) -> Any:
+    """The value of field ``name`` that a topology's ``algo`` section gives, or its
+    config's default; None where the kind or the field is unknown (reported with the
+    algo section)."""
+    if name in algo:
+        return algo[name]
+    try:
+        cls = config_type(algo.get("kind", DEFAULT_KIND))
+    except ValueError:
+        return None
+    default = {f.name: f.default for f in dataclasses.fields(cls)}.get(name)
+    return None if default is dataclasses.MISSING else default
 
 
 @dataclass(frozen=True)

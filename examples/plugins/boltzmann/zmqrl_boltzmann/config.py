@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from zmqrl.parts.algo_config import AlgoConfig
+from zmqrl.parts.bounds import ranged
 
 
 @dataclass
@@ -23,14 +24,13 @@ class BoltzmannQConfig(AlgoConfig):
     source: ClassVar[str] = "replay"
     model_interface: ClassVar[str | None] = "q"
 
-    batch_size: int = 64
-    lr: float = 1e-3
-    discount: float = 0.99
-    n_step: int = 3
-    temperature: float = 0.1  # of the acting policy and of the targets' expectation
-    target_update_every: int = 100
-    max_grad_norm: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError(f"algo.temperature: {self.temperature!r}: must be > 0")
+    # Each number's range next to its default: `zmqrl validate` names a field out of it,
+    # a config built with one raises, and PBT perturbs within it (zmqrl.parts.bounds).
+    batch_size: int = ranged(64, ge=1)
+    lr: float = ranged(1e-3, gt=0)
+    discount: float = ranged(0.99, ge=0, le=1)
+    n_step: int = ranged(3, ge=1)
+    # of the acting policy and of the targets' expectation
+    temperature: float = ranged(0.1, gt=0, why="the policy divides Q by it")
+    target_update_every: int = ranged(100, ge=1)
+    max_grad_norm: float = ranged(10.0, gt=0)
