@@ -10,6 +10,18 @@ optimizer state), forwards it with the new hyperparameters to the recipient
 
 The controller's state (members, ready points, hyperparameters, RNG) is a JSON
 checkpoint, ``checkpoints/<label>.json``, restored when it starts.
+
+Who may speak for a member (:class:`~zmqrl.run.population.Bindings`): the peer whose
+report first named it; a report for a member bound to another peer is refused, and so is
+a ``pbt_state`` from any peer but the one asked (the donor's, when the exploit began)
+and a ``pbt_loaded`` from any but the recipient's. The binding passes on only when its
+peer has gone (a restarted learner connects anew). Bindings are not checkpointed:
+ZeroMQ names connections, and a restarted controller has all new ones, so after a
+restart the first report per member binds again.
+
+A member that cannot carry out its part answers ``error`` (a donor whose state is over
+``network.max_message_bytes``, a recipient that refused a load): the exploit is dropped
+at once and the error logged, once per member and text, not left to time out.
 """
 
 from __future__ import annotations
@@ -20,10 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from zmqrl.bus import messages, wire
+import zmq
+
+from zmqrl.bus import messages, sockets, wire
 from zmqrl.bus.node import Node
 from zmqrl.parts.checkpoint import Checkpointer, Format, node_checkpoint
-from zmqrl.run.population import Population, Settings, reported_hyperparameters_error
+from zmqrl.run.population import (
+    Bindings,
+    Identity,
+    Population,
+    Settings,
+    reported_hyperparameters_error,
+)
 
 # An exploit whose donor or recipient does not answer within this is dropped (the
 # recipient's next ready point tries again).
@@ -38,6 +58,21 @@ def _json_dump(state: dict[str, Any], f: BinaryIO) -> None:
 JSON = Format(".json", _json_dump, lambda path: json.loads(Path(path).read_text()))
 
 
+def _identity(envelope: list) -> Identity:
+    """A ROUTER envelope as a hashable value (its frames arrive as zmq.Frame)."""
+    return tuple(f.bytes if isinstance(f, zmq.Frame) else bytes(f) for f in envelope)
+
+
+@dataclass
+class _Underway:
+    """An exploit being carried out: to whom we sent what, and when it began."""
+
+    started: float
+    donor: Identity  # asked for its state (pbt_get_state)
+    recipient: Identity  # to be sent the load
+    loading: bool = False  # pbt_load sent: waiting for pbt_loaded
+
+
 class PBTController(Node):
     binds = {"members": "router"}
     accepts = {"members": (wire.PBT_REPORT, wire.PBT_STATE, wire.PBT_LOADED, wire.ERROR)}
@@ -47,6 +82,10 @@ class PBTController(Node):
     class Args:
         population: dict | None = None  # the topology's population section (expand sets it)
         checkpoint_every_s: float = 10.0
+        # A member's binding passes to another peer after this long without a word from
+        # its own (a peer that hangs, or a host gone without closing its connection);
+        # a peer whose connection closed loses it at once.
+        rebind_after_s: float = 30.0
 
     @classmethod
     def check_spec(cls, spec, topo) -> list[tuple[tuple, str]]:  # noqa: ANN001
@@ -56,9 +95,12 @@ class PBTController(Node):
         return []
 
     def setup(self) -> None:
-        self.pop = Population(Settings.parse(self.args.population), self.ctx.topo.seed)
-        self.envelopes: dict[int, list] = {}
-        self.exploit_started: dict[int, float] = {}  # recipient -> when its exploit began
+        # with the algo section: perturbed values stay within its fields' ranges
+        self.pop = Population(Settings.parse(self.args.population, self.ctx.topo.algo),
+                              self.ctx.topo.seed)
+        self.bindings = Bindings(self.args.rebind_after_s)
+        self.underway: dict[int, _Underway] = {}  # recipient -> its exploit's peers
+        self.member_errors: dict[int, str] = {}  # the last error each member answered
         self.lineage = self.ctx.run_dir / "pbt" / "lineage.jsonl"
         self.lineage.parent.mkdir(parents=True, exist_ok=True)
         self.checkpointer = Checkpointer(
@@ -72,55 +114,124 @@ class PBTController(Node):
         if msg.type not in self.accepts["members"]:  # well-formed, but not for us
             raise wire.ProtocolError(f"the members port takes "
                                      f"{', '.join(self.accepts['members'])}, not '{msg.type}'")
-        if msg.type == wire.ERROR:  # a member rejected what we sent; its exploit times out
-            self.log.warning("a member answered: %s", msg.fields.get("error"))
+        identity = _identity(envelope)
+        if msg.type == wire.ERROR:  # a member refused what we sent (never answered)
+            self._on_error(identity, msg)
             return
         messages.check(msg, messages.spec(msg.type), _CONTEXT)
         f = msg.fields
-        if msg.type == wire.PBT_REPORT:
-            problem = reported_hyperparameters_error(f.get("hyperparameters"))
-            if problem:
-                raise wire.ProtocolError(problem)
         member = f["member"]
         if member >= self.pop.settings.size:
             raise wire.ProtocolError(f"member {member}: the population has "
                                      f"{self.pop.settings.size}")
-        self.envelopes[member] = envelope
         if msg.type == wire.PBT_REPORT:
-            decision = self.pop.on_report(member, int(f["steps"]), f.get("mean_return"),
-                                          dict(f.get("hyperparameters") or {}),
-                                          bool(f.get("checkpointed")))
-            if decision is not None and decision.donor in self.envelopes:
-                self.exploit_started[member] = time.monotonic()
-                self.send("members", wire.encode(wire.PBT_GET_STATE, request=member),
-                          self.envelopes[decision.donor])
-            elif decision is not None:
-                self.pop.abandon(member)
-        elif msg.type == wire.PBT_STATE:
-            recipient = f.get("request")
-            decision = self.pop.pending.get(recipient)
-            if decision is None or decision.donor != member:
-                return  # late: that exploit was dropped
-            self.send("members", wire.encode(
-                wire.PBT_LOAD, {"state": msg["state"]}, request=recipient, donor=member,
-                hyperparameters=decision.hyperparameters), self.envelopes[recipient])
-        elif msg.type == wire.PBT_LOADED:
-            known = self.pop.members.get(member)
-            old = dict(known.hyperparameters) if known else {}
-            decision = self.pop.on_loaded(member)
-            if decision is None:
-                return
-            self.exploit_started.pop(member, None)
-            self._write_lineage({
-                "time": time.time(), "recipient": member, "donor": decision.donor,
-                "recipient_steps": self.pop.members[member].steps,
-                "recipient_return": decision.recipient_return,  # when it was decided
-                "donor_return": decision.donor_return, "donor_updates": f.get("donor_updates"),
-                "old_hyperparameters": old, "hyperparameters": decision.hyperparameters,
-                "how": decision.how})
-            self.checkpointer.save()
-            self.log.info("member %d copied member %d; hyperparameters %s", member,
-                          decision.donor, decision.hyperparameters)
+            problem = reported_hyperparameters_error(f.get("hyperparameters")) or \
+                self.bindings.claim(member, identity, time.monotonic(), self._gone)
+            if problem:
+                raise wire.ProtocolError(problem)
+            self._on_report(member, identity, f)
+            return
+        if self.bindings.member_of(identity) != member:
+            raise wire.ProtocolError(f"'{msg.type}' as member {member}: this peer does not "
+                                     "report as that member")
+        if msg.type == wire.PBT_STATE:
+            self._on_state(member, identity, msg)
+        else:
+            self._on_loaded(member, identity, f)
+
+    def _on_report(self, member: int, identity: Identity, f: dict[str, Any]) -> None:
+        decision = self.pop.on_report(member, int(f["steps"]), f.get("mean_return"),
+                                      dict(f.get("hyperparameters") or {}),
+                                      bool(f.get("checkpointed")))
+        if decision is None:
+            return
+        donor = self.bindings.peers.get(decision.donor)
+        if donor is None or not self.send("members", wire.encode(
+                wire.PBT_GET_STATE, request=member), list(donor)):
+            self.pop.abandon(member)  # its donor is not connected: its next ready point
+            return
+        self.underway[member] = _Underway(time.monotonic(), donor, identity)
+
+    def _on_state(self, donor: int, identity: Identity, msg: wire.Message) -> None:
+        recipient = msg.fields["request"]
+        decision, underway = self.pop.pending.get(recipient), self.underway.get(recipient)
+        if decision is None or underway is None or decision.donor != donor \
+                or underway.donor != identity or underway.loading:
+            # a forgery, or late: that exploit was dropped
+            raise wire.ProtocolError(f"no exploit waits for member {donor}'s state "
+                                     f"(request {recipient})")
+        frames = wire.encode(wire.PBT_LOAD, {"state": msg["state"]}, request=recipient,
+                             donor=donor, hyperparameters=decision.hyperparameters)
+        size = sum(memoryview(frame).nbytes for frame in frames)
+        if size > self.max_message_bytes:  # the donor checks too, with headroom
+            self._drop(recipient)
+            self._log_member_error(donor, f"its state makes a pbt_load of {size} bytes, over "
+                                          f"network.max_message_bytes = "
+                                          f"{self.max_message_bytes}")
+            return
+        underway.loading = True
+        if not self.send("members", frames, list(underway.recipient)):
+            self._drop(recipient)  # the recipient has gone: its next ready point
+
+    def _on_loaded(self, member: int, identity: Identity, f: dict[str, Any]) -> None:
+        decision, underway = self.pop.pending.get(member), self.underway.get(member)
+        if decision is None or underway is None or not underway.loading \
+                or underway.recipient != identity or f["donor"] != decision.donor:
+            raise wire.ProtocolError(f"member {member} has no load of member {f['donor']}'s "
+                                     "state under way")
+        known = self.pop.members.get(member)
+        old = dict(known.hyperparameters) if known else {}
+        self.pop.on_loaded(member)
+        del self.underway[member]
+        self._write_lineage({
+            "time": time.time(), "recipient": member, "donor": decision.donor,
+            "recipient_steps": self.pop.members[member].steps,
+            "recipient_return": decision.recipient_return,  # when it was decided
+            "donor_return": decision.donor_return, "donor_updates": f.get("donor_updates"),
+            "old_hyperparameters": old, "hyperparameters": decision.hyperparameters,
+            "how": decision.how})
+        self.checkpointer.save()
+        self.log.info("member %d copied member %d; hyperparameters %s", member,
+                      decision.donor, decision.hyperparameters)
+
+    def _on_error(self, identity: Identity, msg: wire.Message) -> None:
+        """A member could not do its part of an exploit (its state is too large to send,
+        a load it refused): drop that exploit now rather than let it time out."""
+        member = self.bindings.member_of(identity)
+        if member is None:
+            return  # not a member's: nothing of ours to drop, and errors get no reply
+        request = msg.fields.get("request")
+        for recipient, u in list(self.underway.items()):
+            if (u.donor == identity and not u.loading or u.recipient == identity and u.loading) \
+                    and (type(request) is not int or request == recipient):
+                self._drop(recipient)
+        self._log_member_error(member, str(msg.fields.get("error"))[:500])
+
+    def _log_member_error(self, member: int, text: str) -> None:
+        """Once per member and text: a donor too large to copy says so at each ready point."""
+        if self.member_errors.get(member) != text:
+            self.member_errors[member] = text
+            self.log.warning("member %d: %s", member, text)
+
+    def _drop(self, recipient: int) -> None:
+        self.pop.abandon(recipient)
+        self.underway.pop(recipient, None)
+
+    def _gone(self, identity: Identity) -> bool:
+        """Whether ZeroMQ no longer has a connection to ``identity``: a pong nobody
+        asked for (every node ignores one) is refused with EHOSTUNREACH (the socket is
+        ROUTER_MANDATORY)."""
+        try:
+            sockets.send(self.sockets["members"], wire.encode(
+                wire.PONG, node=self.ctx.label, incarnation=self.incarnation),
+                list(identity), zmq.NOBLOCK)
+        except zmq.Again:
+            return False  # connected, with a full queue
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            return True
+        return False
 
     def _write_lineage(self, row: dict[str, Any]) -> None:
         with self.lineage.open("a") as f:
@@ -128,15 +239,15 @@ class PBTController(Node):
 
     def after_poll(self) -> None:
         now = time.monotonic()
-        for member, t0 in list(self.exploit_started.items()):
-            if now - t0 > _EXPLOIT_TIMEOUT_S:
+        for member, underway in list(self.underway.items()):
+            if now - underway.started > _EXPLOIT_TIMEOUT_S:
                 self.log.warning("exploit of member %d timed out; dropped", member)
-                self.pop.abandon(member)
-                del self.exploit_started[member]
+                self._drop(member)
         self.checkpointer.maybe_save()
 
     def metrics(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"exploits": self.pop.exploits, "members": len(self.pop.members)}
+        row: dict[str, Any] = {"exploits": self.pop.exploits, "members": len(self.pop.members),
+                               "bound_members": len(self.bindings.peers)}
         returns = [m.mean_return for m in self.pop.members.values() if m.mean_return is not None]
         if returns:
             row["best_return"] = round(max(returns), 2)

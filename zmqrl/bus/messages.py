@@ -435,7 +435,10 @@ MESSAGES: tuple[MessageSpec, ...] = (
                         Field("node", "str", False, doc="label of the granting replica"),
                         _INCARNATION)),
     MessageSpec(wire.ERROR, "Reply to a rejected message.", "ROUTER port → sender",
-                fields=(Field("error", "str", doc="why, for humans"),)),
+                fields=(Field("error", "str", doc="why, for humans"),
+                        Field("retry", "bool", required=False,
+                              doc="true: the request was dropped unjudged (a queue "
+                                  "bound), not refused; asking again is right"))),
     # Population-based training (nodes/pbt.py, zmqrl/parts/learning/pbt_member.py)
     MessageSpec(
         wire.PBT_REPORT, "A member's progress, every second.", "member learner → pbt `members`",
@@ -446,7 +449,8 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 Field("checkpointed", "bool", doc="it has a checkpoint on disk (only such "
                                                   "members are copied)"),
                 Field("updates", "int", False, "nonneg", "its update count"))),
-    MessageSpec(wire.PBT_GET_STATE, "Ask a donor for its state; the reply is `pbt_state`.",
+    MessageSpec(wire.PBT_GET_STATE, "Ask a donor for its state; the reply is `pbt_state`, or "
+                "`error` (with `request`) when the state is over `network.max_message_bytes`.",
                 "pbt → donor learner `pbt`",
                 fields=(Field("request", "int", rule="nonneg", doc="the recipient's index"),)),
     MessageSpec(
@@ -457,7 +461,8 @@ MESSAGES: tuple[MessageSpec, ...] = (
                                                    "updates}` state dicts"),)),
     MessageSpec(
         wire.PBT_LOAD, "Load a donor's state, then take new hyperparameters; reply "
-        "`pbt_loaded`.", "pbt → recipient learner `pbt`",
+        "`pbt_loaded`, or `error` (with `request`) when the state or a hyperparameter is "
+        "refused: all is checked before anything is loaded.", "pbt → recipient learner `pbt`",
         fields=(Field("request", "int", rule="nonneg", doc="the recipient's index"),
                 Field("donor", "int", rule="nonneg", doc="the donor's index"), _PBT_HYPER),
         arrays=(Array("state", "uint8", ("S",), doc="the donor's `pbt_state`"),)),

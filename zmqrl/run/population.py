@@ -10,7 +10,13 @@ therefore see plain nodes; only :mod:`nodes.pbt` knows about members.
 ``decide`` is PBT's exploit/explore step (Jaderberg et al. 2017) as a pure function:
 truncation selection (a member in the bottom fraction copies one of the top fraction,
 among the members that have a checkpoint), then perturbation (x0.8 / x1.2) or, with
-``resample_probability``, a fresh draw.
+``resample_probability``, a fresh draw. A perturbed value stays within bounds: its
+distribution's (``uniform``/``loguniform`` clipped to their interval, a ``choice`` steps to
+the neighbouring choice), an int at least 1 that moves by at least one when the factor
+says so, and the algorithm field's declared range (:mod:`zmqrl.parts.bounds`); the
+result passes the algorithm config's own checks, or that value is copied unchanged.
+``Settings.errors`` refuses, at validation, a hyperparameter the algorithm has no field
+for or a distribution that reaches outside the field's range.
 """
 
 from __future__ import annotations
@@ -19,10 +25,14 @@ import copy
 import dataclasses
 import math
 import random
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+
+from zmqrl.parts import algo_config, bounds
 
 CONTROLLER = "pbt"  # the controller node's name in an expanded topology
 _NUMBER = {"type": "number"}
@@ -61,14 +71,74 @@ class Settings:
     perturb: tuple[float, float] = (0.8, 1.2)
     resample_probability: float = 0.25
     shared: tuple[str, ...] = ()
+    # The topology's algo section the members start from: whose fields the
+    # hyperparameters are, and whose ranges bound them. None: not known (no field checks).
+    algo: Mapping[str, Any] | None = None
 
     @classmethod
-    def parse(cls, section: dict[str, Any]) -> Settings:
+    def parse(cls, section: dict[str, Any], algo: Mapping[str, Any] | None = None
+              ) -> Settings:
         jsonschema.validate(section, SCHEMA)
         s = dict(section)
         s["perturb"] = tuple(s.get("perturb", (0.8, 1.2)))
         s["shared"] = tuple(s.get("shared", ()))
-        return cls(**s)
+        return cls(**s, algo=dict(algo) if isinstance(algo, Mapping) else None)
+
+    def config_type(self) -> type | None:
+        """The algorithm's config class, or None (no algo known, or a bad kind: the
+        algo section's own check reports that)."""
+        if self.algo is None:
+            return None
+        try:
+            return algo_config.config_type(self.algo.get("kind", algo_config.DEFAULT_KIND))
+        except ValueError:
+            return None
+
+    def errors(self) -> list[str]:
+        """What is wrong with the hyperparameters' distributions: one that cannot be
+        drawn from, a name the algorithm has no field for, values of the wrong type or
+        outside the field's declared range."""
+        cls = self.config_type()
+        fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
+        hints = typing.get_type_hints(cls) if cls else {}
+        found = []
+        for name, distribution in sorted(self.hyperparameters.items()):
+            where = f"hyperparameters.{name}"
+            (kind, spec), = distribution.items()
+            if cls is not None and (name not in fields or name == "kind"):
+                known = ", ".join(n for n in fields if n != "kind")
+                found.append(f"{where}: {cls.__name__} has no field '{name}' (known: {known})")
+                continue
+            if kind in ("uniform", "loguniform"):
+                low, high = spec
+                if low > high:
+                    found.append(f"{where}: {kind} [{low}, {high}]: the low end is above "
+                                 "the high end")
+                    continue
+                if kind == "loguniform" and low <= 0:
+                    found.append(f"{where}: loguniform [{low}, {high}]: both ends must be > 0")
+                    continue
+                values = [low, high]
+            else:
+                values = list(spec)
+            if cls is None:
+                continue
+            hint = hints[name]
+            if kind != "choice" and not algo_config.type_ok(0.5, hint):
+                found.append(f"{where}: algo.{name} is {algo_config.type_name(hint)}: give "
+                             f"its values as choice: [...], not {kind}")
+                continue
+            bad_type = [v for v in values if not algo_config.type_ok(v, hint)]
+            if bad_type:
+                found.append(f"{where}: {bad_type[0]!r} is not "
+                             f"{algo_config.type_name(hint)} (algo.{name})")
+                continue
+            declared = bounds.range_of(cls, name)
+            outside = [v for v in values if declared is not None and declared.check(v)]
+            if outside:
+                found.append(f"{where}: {kind} {spec} reaches outside algo.{name}'s range: "
+                             f"{declared.check(outside[0])}")
+        return found
 
 
 def member_name(node: str, member: int) -> str:
@@ -96,10 +166,14 @@ def expand(raw: Any) -> Any:
         return raw
     out = copy.deepcopy(raw)
     section = out.pop("population")
+    algo = out.get("algo", {})  # a malformed one: the schema reports it
     try:
-        settings = Settings.parse(section)
+        settings = Settings.parse(section, algo if isinstance(algo, dict) else None)
     except (jsonschema.ValidationError, TypeError) as exc:
         raise ValueError(f"population: {getattr(exc, 'message', exc)}") from None
+    problems = settings.errors()
+    if problems:
+        raise ValueError("population: " + "; ".join(problems))
     nodes = out.get("nodes")
     if not isinstance(nodes, dict):
         return out
@@ -213,17 +287,61 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
     if not donors:
         return None
     donor = rng.choice(donors)
+    given = members[donor].hyperparameters
+    cls = settings.config_type()
     hyper, how = {}, {}
-    for name, value in members[donor].hyperparameters.items():
-        if name in settings.hyperparameters and rng.random() < settings.resample_probability:
-            hyper[name], how[name] = sample(settings.hyperparameters[name], rng), "resample"
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+    for name, value in given.items():
+        distribution = settings.hyperparameters.get(name)
+        declared = bounds.range_of(cls, name) if cls is not None else None
+        if distribution is not None and rng.random() < settings.resample_probability:
+            hyper[name], how[name] = sample(distribution, rng), "resample"
+        elif bounds.is_number(value):
             factor = rng.choice(settings.perturb)
-            hyper[name], how[name] = type(value)(value * factor), f"perturb x{factor}"
+            hyper[name] = perturb(value, factor, distribution)
+            how[name] = f"perturb x{factor}"
         else:
             hyper[name], how[name] = value, "copy"
+        if declared is not None and bounds.is_number(hyper[name]):
+            hyper[name] = declared.clip(hyper[name])
+    if cls is not None:  # the config's own checks (cross-field ones too) on the result
+        for name, problem in algo_config.errors({**(settings.algo or {}), **hyper}):
+            if name in hyper and hyper[name] != given.get(name):
+                hyper[name], how[name] = given[name], f"copy ({how[name]} gave {problem})"
     return Decision(member, donor, hyper, how, members[member].mean_return,
                     members[donor].mean_return)
+
+
+def perturb(value: float, factor: float, distribution: Mapping[str, Any] | None) -> float:
+    """``value`` scaled by ``factor`` within its distribution's bounds: a ``choice``
+    steps to the neighbouring choice in the factor's direction, ``uniform`` and
+    ``loguniform`` values are clipped to their interval. An int moves by at least one
+    when the factor is not 1 and one at 1 or more stays at 1 or more (int 1 x 0.8 is 1,
+    not 0)."""
+    (kind, spec), = (distribution or {"": None}).items()
+    if kind == "choice" and all(bounds.is_number(c) for c in spec):
+        above = sorted(c for c in set(spec) if c > value)
+        below = sorted(c for c in set(spec) if c < value)
+        if factor > 1 and above:
+            return above[0]
+        if factor < 1 and below:
+            return below[-1]
+        return value
+    integer = isinstance(value, int)
+    new: float = value * factor
+    if integer:
+        new = round(new)
+        if factor > 1 and new <= value:
+            new = value + 1
+        elif factor < 1 and new >= value:
+            new = value - 1
+        if value >= 1:
+            new = max(new, 1)
+    if kind in ("uniform", "loguniform"):
+        low, high = min(spec), max(spec)
+        new = min(max(new, low), high)
+        if integer:  # an int inside the interval (validation refuses int uniform ranges)
+            new = max(math.ceil(low), min(math.floor(high), round(new)))
+    return int(new) if integer else float(new)
 
 
 class Population:
@@ -276,3 +394,48 @@ class Population:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.pending = {}  # an exploit cut off by the restart is simply not done
+
+
+# ----- who speaks for a member --------------------------------------------------------
+Identity = tuple[bytes, ...]  # a ROUTER envelope: the peer's connection, as ZeroMQ names it
+
+
+class Bindings:
+    """Which peer speaks for each member: the ZeroMQ identity (ROUTER envelope) whose
+    report first named it. A report for a member bound to another peer is refused, so a
+    stranger cannot take over a member's reports, its state requests or its loads.
+
+    A binding passes to a new peer only when its peer has gone: ``gone(identity)`` says
+    ZeroMQ no longer has that connection (the learner exited; its restart connects
+    anew, under a new identity), or nothing came from it for ``idle_s`` (a peer that
+    hangs, or a host that vanished without closing its connection). ZeroMQ makes up
+    identities per connection and a restarted controller has all new connections, so
+    bindings are not persisted: after a controller restart the first report per member
+    binds again. One peer speaks for one member."""
+
+    def __init__(self, idle_s: float = 30.0) -> None:
+        self.idle_s = idle_s
+        self.peers: dict[int, Identity] = {}
+        self.members: dict[Identity, int] = {}
+        self.heard: dict[int, float] = {}
+
+    def claim(self, member: int, identity: Identity, now: float,
+              gone: Callable[[Identity], bool]) -> str | None:
+        """Bind ``member`` to ``identity`` (or keep it bound); what is wrong, or None."""
+        held = self.peers.get(member)
+        if held == identity:
+            self.heard[member] = now
+            return None
+        other = self.members.get(identity)
+        if other is not None:
+            return f"this peer reports as member {other}, not {member}"
+        if held is not None and now - self.heard[member] < self.idle_s and not gone(held):
+            return (f"member {member} reports from another peer; a report is taken only "
+                    "from the connection that first reported as it")
+        if held is not None:
+            del self.members[held]
+        self.peers[member], self.members[identity], self.heard[member] = identity, member, now
+        return None
+
+    def member_of(self, identity: Identity) -> int | None:
+        return self.members.get(identity)
