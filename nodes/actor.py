@@ -72,12 +72,14 @@ class Actor(Node):
 
     @classmethod
     def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
-        """One step's items of all its envs (a local policy inserts them itself)."""
+        """What its inserts gather: up to ``insert_batch - 1`` items held back, and one
+        step's items of all its envs more (a local policy inserts them itself)."""
         try:
-            envs = cls.Args(**spec.args).envs
+            args = cls.Args(**spec.args)
         except TypeError:
             return None  # its args' own errors are reported with them
-        return int(envs) * topo.algo_config.items_per_env_step()
+        return max(0, int(args.insert_batch) - 1) + \
+            int(args.envs) * topo.algo_config.items_per_env_step()
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:

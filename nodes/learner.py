@@ -35,6 +35,7 @@ restored parameters with the restored update count as their version.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,7 @@ from zmqrl.bus.node import Link, Node
 from zmqrl.parts.algo_config import Parts, config_type
 from zmqrl.parts.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
-from zmqrl.run.topology import NodeSpec, Topology
+from zmqrl.run.topology import NodeSpec, Topology, load_class
 
 # torch and the parts made of it are imported where they are used, not here: every node
 # of a topology imports this class (for its ports), and a node that runs no model must
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 # (metrics ``digest_updates``, ``params_digest``): equal digests at equal update counts
 # show that the replicas hold bitwise identical parameters.
 _DIGEST_EVERY = 2
+_UPDATES_PER_TURN = 8  # then the loop reads its sockets again
 _CHECKPOINT_FORMAT = 1
 
 
@@ -72,6 +74,22 @@ def params_digest(model: torch.nn.Module) -> str:
         sha.update(name.encode())
         sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return sha.hexdigest()[:16]
+
+
+def _unroll_producers(name: str, topo: Topology) -> list[tuple[str, int]]:
+    """(node, widest unroll it can send) for each node linked to ``name.experience``
+    that can tell (``Node.largest_insert``: its envs per message)."""
+    out = []
+    for other in topo.nodes.values():
+        if other.links.get("experience") != f"{name}.experience" or other.target is None:
+            continue
+        try:
+            widest = load_class(other.target).largest_insert(other, topo)
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue  # its own checks report it
+        if widest:
+            out.append((other.name, int(widest)))
+    return out
 
 
 class Learner(Node):
@@ -102,6 +120,9 @@ class Learner(Node):
         # AlphaZero's conv net trains ~1.5x as fast in bfloat16 on a CPU with AVX-512
         # BF16 (BENCHMARKS.md).
         precision: str = "float32"
+        # The widest unroll (env columns) the experience port takes; wider ones get an
+        # error (validate checks the producers linked to it stay within it).
+        max_unroll_envs: int = 1024
         # PBT (set by zmqrl/run/population.py): this member's index and hyperparameters
         member: int = -1
         hyperparameters: dict | None = None
@@ -136,6 +157,12 @@ class Learner(Node):
                                              f"{spec.replicas} learner replicas")]
         if spec.args.get("max_pending_grads", 1) < 1:
             return [(("nodes", spec.name, "args", "max_pending_grads"), "must be >= 1")]
+        widest = spec.args.get("max_unroll_envs", cls.Args.max_unroll_envs)
+        if parts.unrolls and isinstance(widest, int):
+            for producer, envs in _unroll_producers(spec.name, topo):
+                if widest < 1 or envs > widest:
+                    return [(("nodes", spec.name, "args", "max_unroll_envs"),
+                             f"{widest}: '{producer}' sends unrolls of up to {envs} envs")]
         precision = spec.args.get("precision", "float32")
         if precision != "float32" and not cfg.reduced_precision:
             return [(("nodes", spec.name, "args", "precision"),
@@ -178,6 +205,7 @@ class Learner(Node):
 
             self.pbt = PBTMember(self, self.args.member, self.args.hyperparameters or {})
         self.updates = 0
+        self.updates_skipped = 0  # updates with a step not taken: non-finite gradient norm
         self.last_terms: dict[str, float] = {}
         self.digest: tuple[int, str] | None = None
         self.checkpointer = Checkpointer(
@@ -232,11 +260,19 @@ class Learner(Node):
     # ----- training -------------------------------------------------------------------
     def after_poll(self) -> None:
         self.source.poll()
-        while self.updater.ready():
+        # At most a few updates per loop turn: however much waits, pings and the
+        # other ports are answered between them.
+        for _ in range(_UPDATES_PER_TURN):
+            if not self.updater.ready():
+                break
             batch = self.source.next_batch(self.updates)
             if batch is None:
                 break
             self.last_terms, priorities = self.updater.step(batch.tensors)
+            # An optimizer step skipped for a non-finite gradient norm reports that norm
+            # (zmqrl.parts.algos.gradients.clip_and_step): counted, never applied.
+            if not math.isfinite(self.last_terms.get("grad_norm", 0.0)):
+                self.updates_skipped += 1
             self.source.done(batch, priorities)
 
     def _after_update(self) -> None:
@@ -248,9 +284,15 @@ class Learner(Node):
         self.checkpointer.maybe_save(self.updates)
 
     def _publish(self) -> None:
-        from zmqrl.parts.models import state_arrays
+        from zmqrl.parts.models import nonfinite, state_arrays
 
-        self.send("params", wire.encode(wire.PARAMS, state_arrays(self.model),
+        arrays = state_arrays(self.model)
+        bad = nonfinite(arrays)
+        if bad:  # never: every step is guarded; but a NaN published acts on everywhere
+            self.log_rejection("params", f"not publishing version {self.updates}: "
+                                         f"'{bad[0]}' is not finite")
+            return
+        self.send("params", wire.encode(wire.PARAMS, arrays,
                                         version=self.updates, source=self.incarnation))
 
     def on_subscribe(self, port: str) -> None:
@@ -265,6 +307,11 @@ class Learner(Node):
 
     def state(self) -> dict[str, Any]:
         """Everything :meth:`restore` needs (the file format of checkpoint format 1)."""
+        from zmqrl.parts.models import nonfinite
+
+        bad = nonfinite(self.model)
+        if bad:  # keep the last good checkpoint rather than overwrite it with poison
+            raise ValueError(f"parameter '{bad[0]}' is not finite: not checkpointed")
         source = self.source.state()
         out = {
             "format": _CHECKPOINT_FORMAT,
@@ -280,6 +327,11 @@ class Learner(Node):
         return out
 
     def restore(self, state: dict[str, Any]) -> None:
+        from zmqrl.parts.models import nonfinite
+
+        bad = nonfinite(state["model"])
+        if bad:
+            raise ValueError(f"its parameter '{bad[0]}' is not finite")
         self.model.load_state_dict(state["model"])
         if "algo" in state:
             self.algo.load_state_dict(state["algo"])
@@ -296,7 +348,7 @@ class Learner(Node):
             self.pbt.restore(state["pbt"])
 
     def metrics(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"updates": self.updates}
+        row: dict[str, Any] = {"updates": self.updates, "updates_skipped": self.updates_skipped}
         row.update(self.source.metrics())
         row.update(self.updater.metrics())
         row.update({k: round(v, 5) for k, v in self.last_terms.items()})

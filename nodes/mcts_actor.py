@@ -73,6 +73,20 @@ class MCTSActor(Node):
         precision: str = "float32"  # policy: local (as the inference broker's)
 
     @classmethod
+    def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
+        """Whole games up to ``max_insert_positions``: that many less one, and the
+        longest game more (twice its moves with ``mirror_games``)."""
+        from zmqrl.parts.games import Game, game_name
+
+        try:
+            cap = int(spec.args.get("max_insert_positions", cls.Args.max_insert_positions))
+            longest = Game(game_name(topo.env), search=False).max_length
+            mirrored = 2 if getattr(topo.algo_config, "mirror_games", False) else 1
+        except Exception:  # noqa: BLE001  (no game, or bad args: their own checks say)
+            return None
+        return max(0, cap - 1) + longest * mirrored
+
+    @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         from zmqrl.parts.games import game_name, has_mirror
 

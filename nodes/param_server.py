@@ -19,6 +19,7 @@ checkpoint are lost with a crash (at most ``checkpoint_every - 1`` updates).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,7 @@ class ParamServer(Node):
         self.check = messages.Context(parameters=self.shapes)
         self.version = 0
         self.env_steps = 0
+        self.updates_skipped = 0  # gradients applied as no step: a non-finite norm
         self.grad_norm = float("nan")
         self.checkpointer = Checkpointer(
             node_checkpoint(self.ctx.run_dir, self.ctx.label, TORCH.suffix), self,
@@ -121,6 +123,8 @@ class ParamServer(Node):
         grads = [msg[name] for name in self.shapes]
         terms = self.algo.apply_gradients(grads)
         self.grad_norm = terms["grad_norm"]
+        # a non-finite norm stepped nothing (zmqrl.parts.algos.gradients.clip_and_step)
+        self.updates_skipped += not math.isfinite(self.grad_norm)
         self.version += 1
         self.env_steps += msg.fields.get("env_steps", 0)
         self._reply(envelope)
@@ -142,7 +146,7 @@ class ParamServer(Node):
 
     def metrics(self) -> dict[str, Any]:
         return {"updates": self.version, "env_steps": self.env_steps,
-                "grad_norm": round(self.grad_norm, 5)}
+                "grad_norm": round(self.grad_norm, 5), "updates_skipped": self.updates_skipped}
 
     def teardown(self) -> None:
         self.checkpointer.save(self.version)

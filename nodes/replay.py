@@ -46,6 +46,7 @@ from typing import Any
 
 from zmqrl.bus import messages, wire
 from zmqrl.bus.node import Node
+from zmqrl.parts import algo_config, bounds
 from zmqrl.parts.checkpoint import NPZ, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
 from zmqrl.parts.replay import RateLimiter, ReplayTable
@@ -100,9 +101,17 @@ class Replay(Node):
             errors.append(((*where, "capacity"), "must be >= 1"))
         try:
             limiter = RateLimiter(args.min_size, args.samples_per_insert, args.error_buffer)
-            batch = topo.algo.get("batch_size")
-            if isinstance(batch, int):
-                limiter.check_batch(batch, largest_insert(spec.name, topo))
+            batch = algo_config.field_value(topo.algo, "batch_size")  # default included
+            largest, unknown = largest_insert(spec.name, topo)
+            if type(batch) is int:
+                limiter.check_batch(batch, largest)
+            if limiter.samples_per_insert is not None:
+                # The runtime refuses an insert too large to fit; a producer that cannot
+                # tell its largest would find out only then, so it must say.
+                errors += [(("nodes", producer), "cannot tell the largest insert it sends to "
+                            f"'{spec.name}', whose rate limiter must fit it: give its class "
+                            "a largest_insert, or a command: node 'args.largest_insert'")
+                           for producer in unknown]
         except ValueError as exc:
             errors.append((where, f"rate limiter: {exc}"))
         for name in ("max_waiting_per_peer", "max_waiting"):
@@ -113,6 +122,15 @@ class Replay(Node):
         if args.min_size > args.capacity:
             errors.append(((*where, "min_size"), f"{args.min_size} exceeds capacity "
                                                  f"{args.capacity}: sampling could never start"))
+        # A learner samples algo.batch_size items (transitions, sequences or positions:
+        # the unit of capacity too); more than the table holds is refused every time.
+        sampled = any(target == f"{spec.name}.sample"
+                      for other in topo.nodes.values() for target in other.links.values())
+        wanted = algo_config.field_value(topo.algo, "batch_size")
+        if sampled and bounds.is_number(wanted) and wanted > args.capacity:
+            errors.append(((*where, "capacity"),
+                           f"{args.capacity} items cannot hold one sample of algo.batch_size "
+                           f"{wanted} items: every sample request would be refused"))
         return errors
 
     def setup(self) -> None:
@@ -134,6 +152,11 @@ class Replay(Node):
             sequence_length=getattr(topo.algo_config, "sequence_length", None))
         self.waiting_samples = WaitingSamples(a.max_waiting_per_peer, a.max_waiting)
         self.waiting_insert: tuple[list, wire.Message, int] | None = None
+        # The largest sample asked for (the algorithm's batch until one comes): what
+        # sizes the largest insert the rate limiter can always admit.
+        batch = getattr(topo.algo_config, "batch_size", 1)
+        self.largest_batch = batch if type(batch) is int and batch >= 1 else 1
+        self.refused_inserts = 0  # inserts too large to ever fit (error replies)
         self._mark = (time.monotonic(), 0, 0)
         self.sample_wait_s = 0.0  # time learners spent waiting for a sample
         self.insert_wait_s = 0.0  # time actors' inserts spent waiting
@@ -156,6 +179,7 @@ class Replay(Node):
         if msg.type != wire.INSERT:
             raise wire.ProtocolError(f"experience port takes '{wire.INSERT}', not '{msg.type}'")
         n = messages.check(msg, self.insert_spec, self.checks)["B"]
+        self._refuse_if_too_large(n)
         if not self.limiter.can_insert(n, self.table.size):
             if self.waiting_insert is not None:  # we stopped reading; cannot normally happen
                 raise wire.ProtocolError("insert arrived while another was waiting")
@@ -164,6 +188,28 @@ class Replay(Node):
             self.set_polling("experience", False)
             return
         self._insert(envelope, msg, n)
+
+    def _too_large(self, n: int) -> str | None:
+        """Why an insert of ``n`` items must be refused, or None. One too large for the
+        rate limiter's window could wait for good (``RateLimiter.largest_fitting_insert``),
+        and while it waits no other insert is read: refused, naming the limit, rather
+        than the run stopping without a word. (While the table fills to ``min_size``
+        every insert goes in, as it always did.)"""
+        largest = self.limiter.largest_fitting_insert(self.largest_batch)
+        if largest is None or n <= largest or \
+                self.table.size + n <= self.limiter.min_size_to_sample:
+            return None
+        return (f"an insert of {n} items can never be admitted: with samples_per_insert "
+                f"{self.limiter.samples_per_insert:g}, error_buffer "
+                f"{self.limiter.error_buffer:g} and samples of {self.largest_batch} items "
+                f"at most {largest} fit in one insert (send smaller inserts, or raise the "
+                "replay's error_buffer)")
+
+    def _refuse_if_too_large(self, n: int) -> None:
+        problem = self._too_large(n)
+        if problem is not None:
+            self.refused_inserts += 1
+            raise wire.ProtocolError(problem)
 
     def _insert(self, envelope: list, msg: wire.Message, n: int) -> None:
         items = {k: v for k, v in msg.arrays.items() if k != "priority"}
@@ -187,12 +233,18 @@ class Replay(Node):
         if batch_size > self.table.capacity:
             raise wire.ProtocolError(f"sample 'batch_size' must be at most the capacity, "
                                      f"{self.table.capacity}, got {batch_size}")
+        self.largest_batch = max(self.largest_batch, batch_size)
         client = msg.fields.get("client")
         if client is not None and type(client) is not str:
             raise wire.ProtocolError(f"sample 'client' must be a str, got {client!r:.40}")
         if not self.waiting_samples:
             self._waits_since["sample"] = time.monotonic()
         self.waiting_samples.add(Request(envelope, batch_size, client))
+        for evicted in self.waiting_samples.take_evicted():
+            # (its peer may be live: a forged client or a flood of requests dropped it)
+            self.send("sample", wire.encode(wire.ERROR, error="sample request dropped "
+                                            "unserved (a queue bound of this replay); "
+                                            "ask again", retry=True), evicted.envelope)
 
     def _priorities(self, msg: wire.Message) -> None:
         messages.check(msg, _PRIORITIES, self.checks)
@@ -213,15 +265,18 @@ class Replay(Node):
     def after_poll(self) -> None:
         if self.waiting_insert is not None:
             envelope, msg, n = self.waiting_insert
-            if self.limiter.can_insert(n, self.table.size):
+            if self.limiter.can_insert(n, self.table.size) or self._too_large(n):
                 self.waiting_insert = None
                 self.insert_wait_s += time.monotonic() - self._waits_since.pop("insert")
                 self.set_polling("experience", True)
                 try:
+                    # (a learner asked for a larger batch since it came: it may no
+                    # longer fit, and is refused now rather than wait for good)
+                    self._refuse_if_too_large(n)
                     self._insert(envelope, msg, n)
                 except wire.ProtocolError as exc:  # as _drain would have handled it
                     self.bad_messages += 1
-                    self.log.error("rejected message on 'experience': %s", exc)
+                    self.log_rejection("experience", f"rejected message on 'experience': {exc}")
                     self.send("experience", wire.error_reply(str(exc)), envelope)
         self._serve_samples()
         if self.checkpointer is not None and self.checkpointer.maybe_save():
@@ -290,6 +345,7 @@ class Replay(Node):
             "evictions": self.table.evictions,
             "waiting_samples": len(self.waiting_samples),
             "insert_waiting": int(self.waiting_insert is not None),
+            "refused_inserts": self.refused_inserts,
             "sample_wait_s": round(self.sample_wait_s, 3),
             "insert_wait_s": round(self.insert_wait_s, 3),
             "waiting_dropped": self.waiting_samples.dropped,
@@ -299,18 +355,26 @@ class Replay(Node):
         }
 
 
-def largest_insert(name: str, topo: Topology) -> int:
+def largest_insert(name: str, topo: Topology) -> tuple[int, list[str]]:
     """The most items one insert into replay ``name`` can carry, as far as the topology
     tells: the largest any producer linked to its ``experience`` port declares
     (``Node.largest_insert``: an actor one step's items of all its envs, a broker one
-    connection's worth); 1 for producers that cannot tell (``command:`` nodes)."""
-    largest = 1
+    connection's worth, an MCTS actor its ``max_insert_positions`` and one game more;
+    a ``command:`` node its ``args.largest_insert``), and the producers that cannot
+    tell."""
+    largest, unknown = 1, []
     for spec in topo.nodes.values():
-        if spec.links.get("experience") != f"{name}.experience" or spec.target is None:
+        if spec.links.get("experience") != f"{name}.experience":
             continue
-        try:
-            found = load_class(spec.target).largest_insert(spec, topo)
-        except (ImportError, AttributeError, TypeError, ValueError):
-            found = None  # the topology check reports a class it cannot load
+        if spec.target is None:  # an external program: only its topology entry can say
+            found = spec.args.get("largest_insert")
+            found = found if type(found) is int and found >= 1 else None
+        else:
+            try:
+                found = load_class(spec.target).largest_insert(spec, topo)
+            except (ImportError, AttributeError, TypeError, ValueError):
+                continue  # the topology check reports a class it cannot load
+        if found is None:
+            unknown.append(spec.name)
         largest = max(largest, found or 1)
-    return largest
+    return largest, unknown

@@ -180,7 +180,12 @@ def test_requests_of_gone_or_replaced_peers_do_not_take_the_live_learners_batch(
         insert(producer, transitions(10))
         batch = live.recv(timeout=30)
         assert batch.type == wire.BATCH and len(batch["key"]) == 10
-        assert quiet(replaced)  # its requests were dropped, not served
+        # Its requests were dropped, not served: each told so (error, retry), no batch
+        # (a forged client must not leave a live learner waiting for good: issue 29).
+        for _ in range(2):
+            told = replaced.recv(timeout=30)
+            assert told.type == wire.ERROR and told.fields.get("retry") is True, told
+        assert quiet(replaced)
         rows = wait_for(lambda: [r for r in replay.metrics() if r["samples"] == "10"], 30,
                         "a metrics row after the batch")
         assert rows[-1]["waiting_samples"] == "0"
@@ -299,6 +304,9 @@ def test_rate_limiter_settings_are_checked_against_real_insert_sizes(tmp_path):
 
     raw = yaml.safe_load((REPO / "topologies" / "apex.yaml").read_text())
     raw["nodes"]["replay"]["args"]["error_buffer"] = 70.0
+    # one step's items per insert (insert_batch adds up to 15 held-back items: counted
+    # since issue 29, see test_replay_survives.py)
+    raw["nodes"]["actor"]["args"]["insert_batch"] = 1
     path = tmp_path / "apex-tight.yaml"
     path.write_text(yaml.safe_dump(raw))
     result = subprocess.run([sys.executable, "-m", "zmqrl.cli", "validate", str(path)],

@@ -58,12 +58,24 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 # Value rules, for fields and arrays alike: the text that names them in docs and errors.
 # A step's behaviour arguments (``args``): few, short names, bounded values.
 MAX_BEHAVIOUR_ARGS, MAX_BEHAVIOUR_ARG = 32, 1e6
+# Observations, rewards and what is computed from them must be finite *and* of bounded
+# magnitude: a finite 3e38 overflows the first square in a loss. The bound is the
+# topology's ``env.max_abs_value`` (default below), known to every port's Context.
+DEFAULT_MAX_ABS_VALUE = 1e6
+POLICY_SUM_TOLERANCE = 1e-3
 RULES: dict[str, str] = {
     "finite": "finite (no NaN or inf)",
+    "bounded": "finite (no NaN or inf) and of magnitude at most the env's "
+               f"`max_abs_value` (default {DEFAULT_MAX_ABS_VALUE:g})",
+    "sign": "in [-1, 1]",
+    "distribution": f"in [0, 1], each row summing to 1 (within {POLICY_SUM_TOLERANCE:g})",
     "nonneg": "finite and >= 0",
     "positive": ">= 1",
+    "count": "an int in [0, 2^31): what one message can count",
     "unit": "in [0, 1]",
-    "action": "inside the action space",  # discrete: ints in [0, A); Box: finite floats
+    # discrete: ints in [0, A); Box: floats as "bounded" (a policy's unclipped samples
+    # may fall outside the box, so its bounds are not the rule)
+    "action": "inside the action space",
     "row": "a map from str to a number or str",
     "numbers": "a list of finite numbers",
     "shows": f"at most {roles.MAX_SHOWN} names (of at most 64 characters) to "
@@ -175,7 +187,7 @@ class MessageSpec:
 
 # ----- the declarations -------------------------------------------------------------
 _EP_STATS = (
-    Array("ep_return", "float32", ("k",), False, ("finite",),
+    Array("ep_return", "float32", ("k",), False, ("bounded",),
           "undiscounted returns of the episodes that ended since the sender's last message"),
     Array("ep_length", "int32", ("k",), False, ("nonneg",), "their lengths in env steps"),
 )
@@ -185,15 +197,15 @@ _LABEL = Field("label", "str", doc="the sending node's label (`name` or `name.re
 def _transitions(*extra: Array) -> tuple[Array, ...]:
     return (
         *extra,
-        Array("obs", "obs", ("B", "*obs"), rules=("finite",),
+        Array("obs", "obs", ("B", "*obs"), rules=("bounded",),
               doc="observation the action was chosen from"),
         Array("action", "action", ("B", "*action"), rules=("action",), doc="action taken"),
-        Array("reward", "float32", ("B",), rules=("finite",),
+        Array("reward", "float32", ("B",), rules=("bounded",),
               doc="n-step return sum_{j<m} γ^j r_{t+j}, m <= n (m < n when the episode "
                   "ended sooner)"),
         Array("discount", "float32", ("B",), rules=("unit",),
               doc="γ^m to bootstrap from `next_obs`; 0 when the episode terminated"),
-        Array("next_obs", "obs", ("B", "*obs"), rules=("finite",),
+        Array("next_obs", "obs", ("B", "*obs"), rules=("bounded",),
               doc="observation m steps later (after a time-limit cut: the final one)"),
     )
 
@@ -201,28 +213,28 @@ def _transitions(*extra: Array) -> tuple[Array, ...]:
 def _sequences(*extra: Array) -> tuple[Array, ...]:
     return (
         *extra,
-        Array("obs", "obs", ("B", "L+1", "*obs"), rules=("finite",),
+        Array("obs", "obs", ("B", "L+1", "*obs"), rules=("bounded",),
               doc="`obs[:, t]` is what `action[:, t]` was chosen from; `obs[:, L]` "
                   "bootstraps"),
         Array("action", "action", ("B", "L", "*action"), rules=("action",),
               doc="actions taken"),
-        Array("reward", "float32", ("B", "L"), rules=("finite",),
+        Array("reward", "float32", ("B", "L"), rules=("bounded",),
               doc="one-step rewards (a time-limit cut adds γ·h⁻¹(max_a Q(final obs, a)))"),
         Array("done", "bool", ("B", "L"), doc="`action[:, t]` ended its episode"),
-        Array("state_h", "float32", ("B", "H"), rules=("finite",),
+        Array("state_h", "float32", ("B", "H"), rules=("bounded",),
               doc="LSTM state to use with `obs[:, 0]` (zero if it starts an episode)"),
-        Array("state_c", "float32", ("B", "H"), rules=("finite",), doc="(the cell state)"),
+        Array("state_c", "float32", ("B", "H"), rules=("bounded",), doc="(the cell state)"),
     )
 
 
 def _positions(*extra: Array) -> tuple[Array, ...]:
     return (
         *extra,
-        Array("obs", "obs", ("B", "*obs"), rules=("finite",),
+        Array("obs", "obs", ("B", "*obs"), rules=("bounded",),
               doc="the position, seen by the player to move"),
-        Array("policy", "float32", ("B", "A"), rules=("unit",),
+        Array("policy", "float32", ("B", "A"), rules=("distribution",),
               doc="the search's visit distribution over the moves (sums to 1)"),
-        Array("outcome", "float32", ("B",), rules=("finite",),
+        Array("outcome", "float32", ("B",), rules=("sign",),
               doc="the game's final return for the player to move (+1 win, 0 draw, "
                   "-1 loss)"),
     )
@@ -237,12 +249,12 @@ _BATCH_HEAD = (
 )
 
 _UNROLL_ARRAYS = (
-    Array("obs", "obs", ("T+1", "n", "*obs"), rules=("finite",),
+    Array("obs", "obs", ("T+1", "n", "*obs"), rules=("bounded",),
           doc="`obs[t]` is what `action[t]` was chosen from; `obs[T]` bootstraps"),
     Array("action", "action", ("T", "n", "*action"), rules=("action",), doc="actions taken"),
-    Array("logp", "float32", ("T", "n"), rules=("finite",),
+    Array("logp", "float32", ("T", "n"), rules=("bounded",),
           doc="log-probability of `action[t]` under the behaviour policy"),
-    Array("reward", "float32", ("T", "n"), rules=("finite",),
+    Array("reward", "float32", ("T", "n"), rules=("bounded",),
           doc="reward `action[t]` earned (a time-limit cut includes the bootstrap)"),
     Array("done", "bool", ("T", "n"),
           doc="`action[t]` ended its episode; `obs[t+1]` then starts a new one"),
@@ -322,16 +334,16 @@ MESSAGES: tuple[MessageSpec, ...] = (
                       "this actor's behaviour arguments: names to finite numbers "
                       "(at most 32)")),
         arrays=(
-            Array("obs", "obs", ("n", "*obs"), rules=("finite",),
+            Array("obs", "obs", ("n", "*obs"), rules=("bounded",),
                   doc="current observation of each env"),
-            Array("reward", "float32", ("n",), rules=("finite",),
+            Array("reward", "float32", ("n",), rules=("bounded",),
                   doc="reward the previous action of each env earned"),
             Array("done", "bool", ("n",),
                   doc="that action ended its episode (terminated or truncated)"),
             Array("truncated", "bool", ("n",), False,
                   doc="the subset of `done` cut by a time limit (terminated and truncated "
                       "at once: sent as terminated, `truncated` false)"),
-            Array("final_obs", "obs", ("m", "*obs"), False, ("finite",),
+            Array("final_obs", "obs", ("m", "*obs"), False, ("bounded",),
                   "final observation of each truncated env, in env order"),
             *_EP_STATS),
         constraints=(Together(("ep_return", "ep_length")),
@@ -349,10 +361,10 @@ MESSAGES: tuple[MessageSpec, ...] = (
         fields=(Field("seq", "int", doc="the step's `seq`"),),
         arrays=(Array("action", "action", ("n", "*action"), rules=("action",),
                       doc="the network's most likely move (what any actor could play)"),
-                Array("logits", "float32", ("n", "A"), rules=("finite",),
+                Array("logits", "float32", ("n", "A"), rules=("bounded",),
                       doc="policy logits over every move (the searcher masks the "
                           "illegal ones)"),
-                Array("value", "float32", ("n",), rules=("finite",),
+                Array("value", "float32", ("n",), rules=("sign",),
                       doc="the value of the leaf for the player to move, in [-1, 1]"))),
     MessageSpec(
         wire.UNROLL, "A time-major block of `T` transitions of `n` envs.",
@@ -364,9 +376,9 @@ MESSAGES: tuple[MessageSpec, ...] = (
         "broker or local-policy actor → learner `experience`", variant="recurrent",
         fields=(_VERSION,),
         arrays=(*_UNROLL_ARRAYS,
-                Array("state_h", "float32", (1, "n", "H"), rules=("finite",),
+                Array("state_h", "float32", (1, "n", "H"), rules=("bounded",),
                       doc="LSTM state used with `obs[0]` (zero where it starts an episode)"),
-                Array("state_c", "float32", (1, "n", "H"), rules=("finite",),
+                Array("state_c", "float32", (1, "n", "H"), rules=("bounded",),
                       doc="(the cell state)"),
                 *_EP_STATS),
         constraints=(Together(("ep_return", "ep_length")),)),
@@ -415,7 +427,7 @@ MESSAGES: tuple[MessageSpec, ...] = (
         wire.GRADS, "Gradients of the loss; the reply is `params`.",
         "A3C actor or Gorila learner → parameter server `grads`",
         fields=(Field("version", "int", False, "nonneg", "informational"),
-                Field("env_steps", "int", False, "nonneg",
+                Field("env_steps", "int", False, "count",
                       "env steps the gradients came from")),
         tensors=Tensors("parameters", doc="one per trainable parameter, named as in "
                                           "`named_parameters()`, with its exact shape")),
@@ -467,8 +479,9 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 Field("donor", "int", rule="nonneg", doc="the donor's index"), _PBT_HYPER),
         arrays=(Array("state", "uint8", ("S",), doc="the donor's `pbt_state`"),)),
     MessageSpec(
-        wire.PBT_LOADED, "The recipient loaded the donor's state and hyperparameters (and "
-        "published its parameters).", "recipient learner → pbt",
+        wire.PBT_LOADED, "The recipient loaded the donor's state and hyperparameters, "
+        "published its parameters under a new version and checkpointed.",
+        "recipient learner → pbt",
         fields=(_PBT_MEMBER, Field("request", "int", rule="nonneg", doc="echoed"),
                 Field("donor", "int", rule="nonneg", doc="whose state it loaded"),
                 Field("donor_updates", "int", rule="nonneg",
@@ -499,6 +512,8 @@ class Context:
     dims: dict[str, int] = field(default_factory=dict)  # pre-bound symbols: T, L, H
     parameters: dict[str, tuple[int, ...]] | None = None  # trainable: what grads name
     state: dict[str, tuple[int, ...]] | None = None  # state dict: what params carry
+    # the largest magnitude of an observation, reward or action ("bounded")
+    max_abs: float = DEFAULT_MAX_ABS_VALUE
     _compiled: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -510,7 +525,8 @@ class Context:
         dims = {k: v for k, v in (("T", unroll), ("L", sequence_length),
                                   ("H", state_size or None)) if v}
         ctx = cls(tuple(env.obs_shape), np.dtype(env.obs_dtype).name, tuple(env.action_shape),
-                  np.dtype(env.action_dtype).name, env.num_actions, dims)
+                  np.dtype(env.action_dtype).name, env.num_actions, dims,
+                  max_abs=float(getattr(env, "max_abs", DEFAULT_MAX_ABS_VALUE)))
         if model is not None:
             ctx.parameters = {k: tuple(p.shape) for k, p in model.named_parameters()
                               if p.requires_grad}
@@ -540,6 +556,8 @@ def _rule_ok(rule: str, value: Any) -> bool:
         return math.isfinite(value) and value >= 0
     if rule == "positive":
         return value >= 1
+    if rule == "count":
+        return 0 <= value < 2**31
     if rule == "unit":
         return 0 <= value <= 1  # NaN compares false
     if rule == "row":
@@ -599,6 +617,16 @@ class _Checker:
     def _rule(self, rule: str, ctx: Context) -> Any:
         if rule == "finite":
             return lambda a: a.dtype.kind != "f" or np.isfinite(a).all()
+        limit = ctx.max_abs
+        if rule == "bounded":  # two reductions, no temporary; a NaN fails them (and
+            # bool/uint8 arrays, pixels, are small by their dtype)
+            return lambda a: a.dtype.kind in "bu" or bool(a.min() >= -limit and
+                                                          a.max() <= limit)
+        if rule == "sign":
+            return lambda a: bool(((a >= -1) & (a <= 1)).all())
+        if rule == "distribution":
+            return lambda a: bool(((a >= 0) & (a <= 1)).all()) and bool(
+                (np.abs(a.sum(axis=-1, dtype=np.float64) - 1) <= POLICY_SUM_TOLERANCE).all())
         if rule == "nonneg":
             return lambda a: bool(((a >= 0) & (a < np.inf)).all()) if a.dtype.kind == "f" \
                 else bool((a >= 0).all())
@@ -609,7 +637,7 @@ class _Checker:
 
             def action_ok(a: np.ndarray) -> bool:
                 if a.dtype.kind == "f":
-                    return bool(np.isfinite(a).all())
+                    return bool(a.min() >= -limit and a.max() <= limit)
                 if num is None or a.dtype.kind not in "iu":  # unknown space: any ints >= 0
                     return a.dtype.kind == "u" or bool((a >= 0).all())
                 # negatives viewed as unsigned are huge: one comparison checks both ends

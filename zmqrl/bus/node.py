@@ -42,8 +42,9 @@ import zmq
 from zmqrl.bus import cores, lifetime, roles, security, sockets, wire
 from zmqrl.bus import tensorboard as tb
 from zmqrl.bus.cores import CorePlan
-from zmqrl.bus.endpoints import Endpoints
+from zmqrl.bus.endpoints import Endpoints, remove_ipc_dir
 from zmqrl.bus.labels import label as make_label
+from zmqrl.bus.loglimit import LimitedLog
 from zmqrl.bus.metrics import CsvLog, RecentReturns
 from zmqrl.bus.spec import NodeSpec, TopologySpec
 from zmqrl.bus.status import NodeStatus
@@ -138,7 +139,7 @@ class Outbox:
         self.sent = 0  # messages sent, ever
         self.granted = 0  # credit granted, ever
         self.recounts = 0
-        self.rejected = 0  # messages the consumer answered with ``error``
+        self.rejected = 0  # messages the consumer answered with ``error`` (credit back)
         node.register_outbox(self)
 
     def push(self, frames: list) -> None:
@@ -178,9 +179,14 @@ class Outbox:
                 if len(self._recount_answered) >= self.node.link_replicas(self.name):
                     self._end_recount()
         elif msg.type == wire.ERROR:
+            # The consumer took one of our messages in and refused it (a replay an
+            # insert too large for its rate limiter, say): that message is done with,
+            # so its credit comes back, or a few refusals would stop us for good.
             self.rejected += 1
             self.node.bad_messages += 1
-            self.node.log.error("our message was rejected: %s", msg.fields.get("error"))
+            self.node.log_rejection(self.name, f"our message was rejected: "
+                                               f"{msg.fields.get('error')}")
+            self.grant(1)
         else:
             raise wire.ProtocolError(f"expected '{wire.CREDIT}' or '{wire.ERROR}', "
                                      f"got '{msg.type}'")
@@ -271,6 +277,8 @@ class Node:
         self.stopping = False
         self.started = time.monotonic()
         self.bad_messages = 0
+        # rejections logged at most 20 per 10 s: a hostile peer must not fill the disk
+        self._rejections_log = LimitedLog(self.log)
         self.dropped = 0  # messages we chose not to deliver (full queues, gone peers)
         # Returns of episodes finished since the last metrics report; the supervisor
         # pools them from every node into the run's "mean of the last 100 episodes".
@@ -413,6 +421,10 @@ class Node:
         else:
             self._paused.add(name)  # also ends a drain of this socket in progress
             self._poller.unregister(sock)
+
+    def log_rejection(self, port: str, line: str) -> None:
+        """Log a rejected message (ours or a peer's), rate-limited (:mod:`zmqrl.bus.loglimit`)."""
+        self._rejections_log.error(line)
 
     def send(self, name: str, frames: list, envelope: list | None = None, flags: int = 0) -> bool:
         """Send on a named socket. False if it would block (NOBLOCK and a full queue: the
@@ -631,7 +643,7 @@ class Node:
                     handler(envelope, msg)
             except wire.ProtocolError as exc:
                 self.bad_messages += 1
-                self.log.error("rejected message on '%s': %s", name, exc)
+                self.log_rejection(name, f"rejected message on '{name}': {exc}")
                 if envelope:
                     self.send(name, wire.error_reply(str(exc)), envelope)
             if self.stopping or name in self._paused:

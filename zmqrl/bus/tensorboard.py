@@ -154,7 +154,8 @@ class ScalarWriter:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         if step is not None:  # a row without a count (none yet) stays at the last one
-            self._last_step = step
+            # (an int64 in the event file: a count a peer inflated must not raise here)
+            self._last_step = min(max(int(step), 0), 2**63 - 1)
         summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)
                                  for tag, value in values.items()])
         self._writer.add_event(Event(wall_time=wall_time or time.time(),

@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from zmqrl.bus.messages import DEFAULT_MAX_ABS_VALUE
 from zmqrl.parts import games, pixel_envs  # noqa: F401  (register the game and pixel env ids)
 
 
@@ -36,6 +37,9 @@ class EnvSpec:
     # Box actions: the bounds (float32 arrays of action_shape); None for discrete
     action_low: np.ndarray | None = None
     action_high: np.ndarray | None = None
+    # The largest magnitude of an observation, reward or action a port accepts (the
+    # topology's env.max_abs_value): finite is not enough, 3e38 overflows a loss.
+    max_abs: float = DEFAULT_MAX_ABS_VALUE
 
 
 class HideVelocity(gym.ObservationWrapper):
@@ -103,9 +107,11 @@ def env_spec(env_cfg: dict[str, Any]) -> EnvSpec:
     if not isinstance(obs, gym.spaces.Box):
         raise ValueError(f"env {env_cfg['id']}: observation space {obs} is not a Box")
     obs_dtype = obs_wire_dtype(obs.dtype)
+    max_abs = float(env_cfg.get("max_abs_value", DEFAULT_MAX_ABS_VALUE))
     if isinstance(act, gym.spaces.Discrete):
-        return EnvSpec(obs.shape, obs_dtype, (), np.dtype(np.int64), int(act.n))
+        return EnvSpec(obs.shape, obs_dtype, (), np.dtype(np.int64), int(act.n),
+                       max_abs=max_abs)
     if isinstance(act, gym.spaces.Box):
         return EnvSpec(obs.shape, obs_dtype, act.shape, np.dtype(np.float32), None,
-                       act.low.astype(np.float32), act.high.astype(np.float32))
+                       act.low.astype(np.float32), act.high.astype(np.float32), max_abs)
     raise ValueError(f"env {env_cfg['id']}: action space {act} is not Discrete or Box")

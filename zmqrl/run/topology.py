@@ -52,7 +52,10 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "required": ["id"],
             "additionalProperties": False,
-            "properties": {"id": {"type": "string"}, "kwargs": {"type": "object"}},
+            "properties": {"id": {"type": "string"}, "kwargs": {"type": "object"},
+                           # the largest magnitude of an observation, reward or action
+                           # any port accepts (zmqrl.bus.messages: rule "bounded")
+                           "max_abs_value": {"type": "number", "exclusiveMinimum": 0}},
         },
         "model": {"type": "object", "properties": {"kind": {"type": "string"}}},
         # PBT: K members of every node but the controller (zmqrl/run/population.py expands

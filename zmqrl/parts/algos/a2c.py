@@ -97,7 +97,7 @@ class A2CLearner:
         step. Returns {"grad_norm": norm before clipping}."""
         grad_norm = gradients.apply(self.params, self.optimizer, grads, self.cfg.max_grad_norm)
         self.updates += 1
-        return {"grad_norm": grad_norm}
+        return {"grad_norm": grad_norm}  # not finite: the step was skipped
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """``batch``: obs [T+1, B, ...], action/logp/reward/done [T, B]."""

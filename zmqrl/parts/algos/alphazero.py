@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from zmqrl.parts.algo_config import AlphaZeroConfig
+from zmqrl.parts.algos import gradients
 from zmqrl.parts.algos.optim import make_adam
 from zmqrl.parts.devices import autocast
 
@@ -76,15 +77,14 @@ class AlphaZeroLearner:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = gradients.clip_and_step(self.params, self.optimizer, cfg.max_grad_norm)
         self.updates += 1
         with torch.no_grad():
             entropy = -(policy * torch.log(policy.clamp_min(1e-12))).sum(-1).mean()
         return {"loss": loss.item(), "policy_loss": policy_loss.item(),
                 "policy_kl": (policy_loss - entropy).item(), "value_loss": value_loss.item(),
                 "l2": l2.item(), "value_mean": value.detach().mean().item(),
-                "grad_norm": float(grad_norm), "lr": lr}
+                "grad_norm": grad_norm, "lr": lr}
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}

@@ -2,10 +2,14 @@
 
 Used where gradients cross a socket (A3C workers and Gorila learners push them to a
 parameter server), so that computing and applying stay one definition for every
-algorithm.
+algorithm; and :func:`clip_and_step`, every learner's optimizer step, which never
+applies a non-finite gradient.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +30,21 @@ def apply(params: list[torch.Tensor], optimizer: torch.optim.Optimizer,
     for p, g in zip(params, grads, strict=True):
         g = torch.from_numpy(np.array(g)) if not isinstance(g, torch.Tensor) else g  # copies
         p.grad = g.to(dtype=p.dtype, device=p.device).reshape(p.shape).clone()
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
+    grad_norm = clip_and_step(params, optimizer, max_grad_norm)
     optimizer.zero_grad(set_to_none=True)
-    return float(grad_norm)
+    return grad_norm
+
+
+def clip_and_step(params: Any,
+                  optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+    """Clip the gradients of ``params`` to ``max_grad_norm`` and step ``optimizer``;
+    returns the norm before clipping. A non-finite norm (a loss that overflowed, one
+    bad sample) steps nothing: clipping would scale inf by 0 into NaN and every
+    parameter would follow. Every learner reports the norm as its ``grad_norm`` term,
+    and the learner node counts updates whose norm is not finite (``updates_skipped``)."""
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+    optimizer.step()
+    return grad_norm

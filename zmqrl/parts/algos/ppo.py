@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from zmqrl.parts.algo_config import PPOConfig
+from zmqrl.parts.algos import gradients
 from zmqrl.parts.algos.actor_critic import evaluate_unrolls
 from zmqrl.parts.algos.optim import make_adam
 from zmqrl.parts.algos.recurrent_ppo import evaluate_sequences, sequence_samples
@@ -221,9 +222,10 @@ class PPOLearner:
                 loss.backward()
                 if self.allreduce is not None:
                     self._average_gradients()
-                stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params,
-                                                                    cfg.max_grad_norm)
-                self.optimizer.step()
+                # (after averaging every rank sees the same norm: all skip, or none; a
+                # skipped step makes the update's mean grad_norm non-finite)
+                stats["grad_norm"] = torch.tensor(gradients.clip_and_step(
+                    self.params, self.optimizer, cfg.max_grad_norm))
                 for k, v in stats.items():
                     totals[k] = totals[k] + v.detach() if k in totals else v.detach()
                 steps += 1

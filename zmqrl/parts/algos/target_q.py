@@ -52,7 +52,7 @@ class TargetQLearner:
         """Clip and apply ``grads`` (for the parameter server); counts an update."""
         grad_norm = gradients.apply(self.params, self.optimizer, grads, self.cfg.max_grad_norm)
         self.after_update()
-        return {"grad_norm": grad_norm}
+        return {"grad_norm": grad_norm}  # not finite: the step was skipped
 
     def after_update(self) -> None:
         """Count an update of the online network and sync the target when due."""

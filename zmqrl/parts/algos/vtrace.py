@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from zmqrl.parts.algo_config import VTraceConfig
+from zmqrl.parts.algos import gradients
 from zmqrl.parts.algos.actor_critic import actor_critic_loss, evaluate_unrolls
 from zmqrl.parts.algos.optim import make_adam
 
@@ -150,8 +151,8 @@ class VTraceLearner:
                                       cfg.baseline_cost, cfg.entropy_cost)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
-        terms["grad_norm"] = float(grad_norm)
+        grad_norm = gradients.clip_and_step(list(self.model.parameters()), self.optimizer,
+                                            cfg.max_grad_norm)
+        terms["grad_norm"] = grad_norm  # not finite: the step was skipped
         terms["entropy"] = float(entropy.detach().mean())
         return terms

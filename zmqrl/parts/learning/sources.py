@@ -83,10 +83,19 @@ class UnrollInbox:
     rest waits for the next batch (so data-parallel replicas always train on equal
     shares). At most one batch's worth waits here; the rest waits in the producers'
     outboxes (credit: backpressure, nothing dropped).
+
+    Credit is what a producer grants itself, so a peer that ignores it is bounded here
+    too: an unroll wider than ``max_envs`` is refused, and once ``hold_columns`` wait
+    we stop reading the port until a batch is taken (its sender waits, as credit would
+    have had it; nothing is dropped).
     """
 
     def __init__(self, node: Any, check: messages.Context, columns: int,
-                 device: torch.device, recurrent: bool = False, port: str = "experience"):
+                 device: torch.device, recurrent: bool = False, port: str = "experience",
+                 max_envs: int = 1024):
+        self.max_envs = max_envs
+        self.hold_columns = 2 * columns + max_envs
+        self.holding = False  # not reading the port: hold_columns wait
         self.node = node
         self.check = check
         self.recurrent = recurrent  # unrolls carry the state they began with (lstm_ac)
@@ -109,10 +118,12 @@ class UnrollInbox:
         what they receive (:class:`SharedUnrollInbox`)."""
         recurrent = getattr(learner.model, "recurrent", False)
         columns = learner.cfg.batch_size // learner.world
+        max_envs = learner.args.max_unroll_envs
         if learner.world > 1:
             return SharedUnrollInbox(learner, learner.check, columns, learner.device,
-                                     learner.ctx.replica, learner.world, recurrent)
-        return cls(learner, learner.check, columns, learner.device, recurrent)
+                                     learner.ctx.replica, learner.world, recurrent, max_envs)
+        return cls(learner, learner.check, columns, learner.device, recurrent,
+                   max_envs=max_envs)
 
     def on_message(self, envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.UNROLL:
@@ -120,6 +131,9 @@ class UnrollInbox:
                                      f"not '{msg.type}'")
         # everything, before we count, store or credit
         n = check_unroll(msg, self.check, self.recurrent)
+        if n > self.max_envs:
+            raise wire.ProtocolError(f"an unroll of {n} envs exceeds this learner's "
+                                     f"max_unroll_envs {self.max_envs}")
         self.env_steps += msg["action"].shape[0] * n
         if "ep_return" in msg.arrays:
             self.episodes.add(msg["ep_return"], msg["ep_length"])
@@ -129,6 +143,9 @@ class UnrollInbox:
         # worth in flight while we train, and a batch that needs more messages than one
         # producer's credit can still fill.
         self.node.grant_credit(self.port, envelope)
+        if self.queued_columns >= self.hold_columns and not self.holding:
+            self.holding = True
+            self.node.set_polling(self.port, False)
 
     def next_batch(self, version: int) -> Batch | None:
         if self.queued_columns < self.columns:
@@ -152,6 +169,9 @@ class UnrollInbox:
             self.lags.append(version - acted)
             need -= min(n, need)
         self.queued_columns -= columns
+        if self.holding and self.queued_columns < self.hold_columns:
+            self.holding = False
+            self.node.set_polling(self.port, True)
         return {k: np.concatenate([p[k] for p in parts], axis=1) for k in self.keys}
 
     def done(self, batch: Batch, priorities: torch.Tensor | None) -> None:
@@ -218,8 +238,9 @@ class SharedUnrollInbox(UnrollInbox):
     """
 
     def __init__(self, node: Any, check: messages.Context, columns: int,
-                 device: torch.device, rank: int, world: int, recurrent: bool = False):
-        super().__init__(node, check, columns, device, recurrent)
+                 device: torch.device, rank: int, world: int, recurrent: bool = False,
+                 max_envs: int = 1024):
+        super().__init__(node, check, columns, device, recurrent, max_envs=max_envs)
         self.rank, self.world = rank, world
         self.said_stop = False  # an exchange carried a stop bit: all ranks know
         T, H = check.dims["T"], check.dims.get("H", 0)
@@ -331,6 +352,7 @@ class ReplayClient:
         self.batches: deque[wire.Message] = deque()
         self.in_flight = 0
         self.rejected = 0  # batches that failed the checks
+        self.dropped = 0  # requests the replay dropped unserved (and we asked again)
         self.reconnects = 0
         self.watch = DisconnectWatch(node.sockets[link])
 
@@ -341,6 +363,14 @@ class ReplayClient:
                    learner.device, items=learner.ctx.topo.parts_config.items)
 
     def on_message(self, _envelope: list, msg: wire.Message) -> None:
+        if msg.type == wire.ERROR and msg.fields.get("retry") is True:
+            # Dropped unserved by a queue bound (someone named our client, or a flood
+            # filled the replay's queue): answered all the same; poll() asks again.
+            self.in_flight = max(0, self.in_flight - 1)
+            self.dropped += 1
+            self.node.log_rejection(self.link, f"the replay dropped a sample request: "
+                                               f"{msg.fields.get('error')}")
+            return
         self.node.expect_reply(msg, wire.BATCH, "the replay")
         self.in_flight = max(0, self.in_flight - 1)  # answered, good or bad
         try:
@@ -361,6 +391,10 @@ class ReplayClient:
         return Batch(tensors, keys=msg["key"], source=source if type(source) is str else None)
 
     def done(self, batch: Batch, priorities: torch.Tensor | None) -> None:
+        if priorities is not None and not bool(torch.isfinite(priorities).all()):
+            # a step skipped for a non-finite loss: the items keep their priorities
+            # (the replay would refuse these, and its error would end this learner)
+            priorities = None
         if priorities is not None:
             # The batch's source goes back with its keys: a restarted replay, which may
             # issue the same keys for other items, then skips them instead of erring.
@@ -401,7 +435,7 @@ class ReplayClient:
 
     def metrics(self) -> dict[str, Any]:
         return {"batches_waiting": len(self.batches), "batches_rejected": self.rejected,
-                "replay_reconnects": self.reconnects}
+                "requests_dropped": self.dropped, "replay_reconnects": self.reconnects}
 
     def state(self) -> dict[str, Any]:
         return {"env_steps": 0, "episodes": {"returns": [], "lengths": [], "count": 0}}

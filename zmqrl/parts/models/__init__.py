@@ -118,7 +118,28 @@ def wants_params(version: int, source: Any, held_version: int, held_source: Any)
 
 
 def load_state_arrays(model: nn.Module, arrays: dict) -> None:
+    """Load published parameters into ``model``; ValueError naming the first tensor
+    that is not finite (then nothing is loaded: a NaN weight would act on for good)."""
+    bad = nonfinite(arrays)
+    if bad:
+        raise ValueError(f"tensor '{bad[0]}' is not finite ({len(bad)} such)")
     state = {k: torch.tensor(v) for k, v in arrays.items()}  # frames are read-only: copy
     model.load_state_dict(state, strict=True)
+
+
+def nonfinite(state: Any) -> list[str]:
+    """Names of the floating-point tensors or arrays in ``state`` (a state dict, a
+    module's, or name -> numpy array) holding a NaN or inf."""
+    if isinstance(state, nn.Module):
+        state = state.state_dict()
+    bad = []
+    for name, value in state.items():
+        if isinstance(value, np.ndarray):  # frames: read-only, no tensor made of them
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                bad.append(name)
+        elif torch.is_tensor(value) and value.is_floating_point() and \
+                not bool(torch.isfinite(value).all()):
+            bad.append(name)
+    return bad
 
 

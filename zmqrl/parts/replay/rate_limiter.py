@@ -106,6 +106,17 @@ class RateLimiter:
         after = (self.inserts + n) * self.samples_per_insert - self.samples
         return after <= self.max_diff + self._tol
 
+    def largest_fitting_insert(self, batch_size: int = 1) -> int | None:
+        """The most items one insert may carry and never stall, interleaved with samples
+        of ``batch_size`` (:meth:`check_batch`'s rule solved for the insert); None: any
+        size fits (no ratio). A larger insert may find the diff where neither it nor a
+        sample fits, and since a replay reads no other insert while one waits, nothing
+        would move the diff again: the replay refuses such an insert instead."""
+        if self.samples_per_insert is None or self.error_buffer is None:
+            return None
+        room = 2 * self.error_buffer - batch_size + self._tol
+        return max(0, math.floor(room / self.samples_per_insert))
+
     def can_sample(self, n: int, size: int) -> bool:
         """May ``n`` items be sampled now from a table holding ``size`` items?"""
         if size < self.min_size_to_sample:

@@ -14,6 +14,13 @@ first to a peer that is gone while the live ones wait. So:
   goes first, being the likeliest abandoned;
 * the replay drops all of a peer's requests (:meth:`drop_peer`) when a reply to it
   cannot be delivered (ZeroMQ knows that peer is gone).
+
+A request dropped for its ``client`` or for the total may belong to a live peer: anyone
+can name a learner's ``client``, and many identities can fill the total. Those are kept
+in :meth:`take_evicted` for the replay to tell their peers (an ``error`` with ``retry``),
+who then ask again: a forged ``client`` or a flood costs a learner a round trip, never
+its requests for good. (A peer over its own bound is not told: it sent more than it may
+have waiting.)
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class WaitingSamples:
         self._queue: deque[Request] = deque()
         self._per_peer: dict[tuple[bytes, ...], int] = {}
         self.dropped = 0
+        self._evicted: list[Request] = []  # dropped while their peer may be live
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -60,13 +68,14 @@ class WaitingSamples:
         peer = request.peer
         dropped = 0
         if request.client is not None:
-            dropped += self._drop(lambda r: r.client == request.client and r.peer != peer)
-        if self._per_peer.get(peer, 0) >= self.per_peer:
+            dropped += self._drop(lambda r: r.client == request.client and r.peer != peer,
+                                  evict=True)
+        if self._per_peer.get(peer, 0) >= self.per_peer:  # its own doing: not told
             oldest = next(r for r in self._queue if r.peer == peer)
             dropped += self._drop(lambda r: r is oldest)
         if len(self._queue) >= self.total:
             oldest = self._queue[0]
-            dropped += self._drop(lambda r: r is oldest)
+            dropped += self._drop(lambda r: r is oldest, evict=True)
         self._queue.append(request)
         self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         return dropped
@@ -83,8 +92,16 @@ class WaitingSamples:
         """Drop every request of ``peer`` (it is gone); returns how many."""
         return self._drop(lambda r: r.peer == peer)
 
-    def _drop(self, match) -> int:
+    def take_evicted(self) -> list[Request]:
+        """The requests :meth:`add` dropped since the last call (their peers may be
+        live and waiting for an answer)."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
+    def _drop(self, match, evict: bool = False) -> int:
         gone = [r for r in self._queue if match(r)]
+        if evict:
+            self._evicted += gone
         if gone:
             self._queue = deque(r for r in self._queue if not match(r))
             for r in gone:
