@@ -17,6 +17,14 @@ parameters trained on it.
 Backpressure: if the consumer stops taking items, they wait in a small outbox; once
 that holds ``max_outbox`` the broker stops reading actor requests, so actors block
 instead of memory growing.
+
+Memory is bounded per connection and per broker: a connection keeps its behaviour's
+buffers (an unroll's ``(T+1)·n`` observations) until it has been silent
+``client_timeout_s``, so a ``step`` of more than ``max_envs_per_connection`` envs, or
+one from a new connection while ``max_connections`` are held, gets an ``error`` reply
+naming the count and the cap, and nothing is kept for it. ``zmqrl validate`` refuses a
+topology whose linked actors' connections (``envs`` split over ``lanes``; an MCTS
+actor's ``games`` per lane) or their number exceed these caps.
 """
 
 from __future__ import annotations
@@ -81,11 +89,39 @@ class InferenceBroker(Node):
         mode = spec.args.get("mode", "dynamic")
         if mode not in ("dynamic", "sync"):
             return [(("nodes", spec.name, "args", "mode"), f"'{mode}' is not dynamic or sync")]
+        caps = cls._cap_errors(spec, topo)
+        if caps:
+            return caps
         from zmqrl.parts.devices import check_precision
 
         problem = check_precision(spec.args.get("precision", "float32"),
                                   spec.args.get("device", "auto"))
         return [(("nodes", spec.name, "args", "precision"), problem)] if problem else []
+
+    @classmethod
+    def _cap_errors(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
+        """The caps are >= 1, and the nodes linked to our ``policy`` port fit them."""
+        where = ("nodes", spec.name, "args")
+        try:
+            args = cls.Args(**spec.args)
+        except TypeError:
+            return []  # its args' own errors are reported with them
+        for name in ("max_envs_per_connection", "max_connections"):
+            if getattr(args, name) < 1:
+                return [((*where, name), "must be >= 1")]
+        widths = {name: found for name, found in _connections(spec, topo).items() if found[0]}
+        errors = [((*where, "max_envs_per_connection"),
+                   f"node '{name}' steps {width} envs per connection, more than this "
+                   f"broker's max_envs_per_connection {args.max_envs_per_connection}")
+                  for name, (width, _) in sorted(widths.items())
+                  if width > args.max_envs_per_connection]
+        total = sum(count for _, count in widths.values())
+        if total > args.max_connections:
+            errors.append(((*where, "max_connections"),
+                           f"the nodes linked to this broker open {total} connections "
+                           f"(replicas x lanes), more than its max_connections "
+                           f"{args.max_connections}"))
+        return errors
 
     def setup(self) -> None:
         # Here, not at the top: every node of a topology imports this class (for its
@@ -127,6 +163,7 @@ class InferenceBroker(Node):
                                           self.behaviour_type.ships == wire.UNROLL)
         self._blocked = False
         self.pauses = 0  # times the consumer's backpressure paused the actors
+        self.refused = 0  # steps refused by max_envs_per_connection / max_connections
         self.env_steps = 0
         self.evaluations = 0
         self.batches = 0
@@ -146,6 +183,17 @@ class InferenceBroker(Node):
         if key in self.pending_keys:
             raise wire.ProtocolError("a step is already outstanding on this connection "
                                      "(at most one at a time)")
+        # Refused before anything is kept for the connection: memory stays bounded.
+        if n > self.args.max_envs_per_connection:
+            self.refused += 1
+            raise wire.ProtocolError(f"a step of {n} envs exceeds this broker's "
+                                     f"max_envs_per_connection {self.args.max_envs_per_connection}")
+        if key not in self.behaviours and len(self.behaviours) >= self.args.max_connections:
+            self.refused += 1
+            raise wire.ProtocolError(f"a new connection would make {len(self.behaviours) + 1}, "
+                                     f"more than this broker's max_connections "
+                                     f"{self.args.max_connections} (a silent one is forgotten "
+                                     f"after client_timeout_s {self.args.client_timeout_s:g})")
         behaviour = self.behaviours.get(key)
         if behaviour is None or behaviour.n != n:  # a new connection starts afresh
             behaviour = self.behaviours[key] = self.behaviour_type(self._setup_for(key), n)
@@ -293,6 +341,30 @@ class InferenceBroker(Node):
             "outbox": len(self.outbox),
             "backpressure_pauses": self.pauses,
             "actors": len(self.behaviours),
+            "refused_steps": self.refused,
         }
         self.batch_envs = self.batches = 0
         return row
+
+
+def _connections(spec: NodeSpec, topo: Topology) -> dict[str, tuple[int, int]]:
+    """Per node linked to ``spec``'s ``policy`` port: (the most envs one of its
+    connections steps, its connections: replicas x lanes). An actor splits ``envs`` over
+    ``lanes``; an MCTS actor evaluates up to ``games`` leaves per lane. (0, 0) for a
+    node whose arguments say neither (a ``command:`` node; or its own errors)."""
+    found = {}
+    for other in topo.nodes.values():
+        if other.links.get("policy") != f"{spec.name}.policy":
+            continue
+        try:
+            args = load_class(other.target).Args(**other.args) if other.target else None
+        except (ImportError, AttributeError, TypeError, ValueError):
+            args = None  # its own errors are reported with it
+        lanes = getattr(args, "lanes", 1)
+        if isinstance(getattr(args, "envs", None), int) and isinstance(lanes, int) and lanes >= 1:
+            found[other.name] = (-(-args.envs // lanes), other.replicas * lanes)
+        elif isinstance(getattr(args, "games", None), int) and isinstance(lanes, int):
+            found[other.name] = (args.games, other.replicas * max(lanes, 1))
+        else:
+            found[other.name] = (0, 0)
+    return found

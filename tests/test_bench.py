@@ -92,3 +92,25 @@ def test_stepping_seconds_count_from_the_first_env_step(tmp_path):
     assert run.stop_reason(101.0) is None and run.stop_reason(105.9) is None
     assert run.stop_reason(106.0) == "5 s of stepping reached"
     assert run.stop_reason(600.0) == "--max-seconds 600 reached"
+
+
+def test_bench_measures_a_topology_whose_actors_act_locally(processes, tmp_path):
+    """Issue 29, Low 10: apex.yaml's actors act locally with a Q-network into a replay;
+    the limit acts through the same behaviour, and the actors' own rows give the rate
+    (it ended in ``'DuelingQNetwork' object has no attribute 'act'``)."""
+    out, log = tmp_path / "bench.json", tmp_path / "bench.log"
+    proc = processes.zmqrl("bench", "--topology", str(REPO / "topologies" / "apex.yaml"),
+                           "--actors", "1", "--envs", "4", "--seconds", "3",
+                           "--json", str(out), log=log)
+    assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    report = json.loads(out.read_text())
+    assert report["limit_steps_per_s"] > 0 and report["topology_steps_per_s"] > 0
+    assert {"actor", "replay", "learner"} <= set(report["cpu_cores"]), report["cpu_cores"]
+
+
+def test_bench_refuses_what_it_cannot_measure_with_the_reason(processes, tmp_path):
+    log = tmp_path / "bench.log"
+    proc = processes.zmqrl("bench", "--topology", str(REPO / "topologies" / "a3c.yaml"),
+                           "--seconds", "1", log=log)
+    assert proc.wait(timeout=60) != 0
+    assert "ship gradients" in log.read_text() and "Traceback" not in log.read_text()

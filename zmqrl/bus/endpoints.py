@@ -2,9 +2,10 @@
 
 Locally every bound port is an ipc socket file under the run directory (or, when that
 path would be too long for a Unix socket, under a short directory in /tmp derived from
-it). A node that names a ``host`` binds tcp on that host, on a port derived from the
-topology's ``network.base_port`` and the port's position in the sorted list of all
-bound ports: every process computes the same table from the same YAML.
+it, removed when the run ends: :func:`remove_ipc_dir`). A node that names a ``host``
+binds tcp on that host, on a port derived from the topology's ``network.base_port``
+and the port's position in the sorted list of all bound ports: every process computes
+the same table from the same YAML.
 
 An engine that places nodes itself (``up --engine ray``) resolves addresses only after
 placement; it hands each node the resolved table as a file (``zmqrl node --endpoints
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import stat
 import tempfile
 from collections.abc import Mapping
@@ -87,8 +89,70 @@ def ipc_dir(run_dir: str | Path) -> Path:
         return private_dir(candidate)
     # Too long for sun_path: a short name in the (world-writable, sticky) temporary
     # directory. Its name is predictable, so whoever makes it first owns it: check.
+    return private_dir(_fallback_dir(run_dir), strict_mode=True)
+
+
+def _fallback_dir(run_dir: Path) -> Path:
     digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]
-    return private_dir(Path(tempfile.gettempdir()) / f"zmqrl-{digest}", strict_mode=True)
+    return Path(tempfile.gettempdir()) / f"zmqrl-{digest}"
+
+
+def remove_ipc_dir(run_dir: str | Path, closed: tuple[str, ...] = ()) -> bool:
+    """Remove the ``/tmp`` fallback directory of ``run_dir``'s socket files (see
+    :func:`ipc_dir`) once nothing listens on any of them; True if it was removed.
+
+    Called when a run ends (the supervisor, after its nodes stopped; a node run alone,
+    after closing its sockets). Another process of the same run directory that still
+    listens there keeps it: each socket file is probed with a connect (refused: a file
+    left by a process that is gone). ``closed``: addresses the caller bound and has
+    just closed (its own files, which the I/O thread may not have released yet). A
+    directory holding anything but socket files, or not this user's, is left alone.
+    A directory inside the run directory goes with the run directory."""
+    run_dir = Path(run_dir).resolve()
+    if len(str(run_dir / "ipc")) + 40 <= _MAX_IPC_PATH:
+        return False
+    path = _fallback_dir(run_dir)
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        ours = {Path(a.removeprefix("ipc://")).name for a in closed
+                if a.startswith("ipc://") and Path(a.removeprefix("ipc://")).parent == path}
+        stale = []
+        for entry in os.scandir(path):
+            if not stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                return False  # not a file we made
+            if entry.name not in ours and _listening(entry.path):
+                return False  # a live process of this run directory uses it
+            stale.append(entry.path)
+        for file in stale:
+            os.unlink(file)
+        os.rmdir(path)  # fails if a process bound a new file meanwhile: then it stays
+    except OSError:
+        return False
+    return True
+
+
+def _listening(path: str) -> bool:
+    """Whether a process accepts connections on the Unix socket file ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # cannot tell (a full backlog, a timeout): keep it
+    finally:
+        probe.close()
+    return True
+
+
+def rendezvous_port(topo: TopologySpec) -> int:
+    """The loopback tcp port where a data-parallel node with ``host:`` meets
+    (:mod:`zmqrl.parts.distributed`): one per machine, so ``validate`` refuses two such
+    nodes on one host."""
+    return int(topo.network.get("base_port", DEFAULT_BASE_PORT)) - 1
 
 
 def supervisor_address(run_dir: str | Path) -> str:

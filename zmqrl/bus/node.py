@@ -589,6 +589,10 @@ class Node:
                     sock.close()  # LINGER bounds how long this may wait
             if self._auth is not None:
                 self._auth.stop()
+            if self.ctx.supervisor is None:  # a node run alone: its run ends with it
+                remove_ipc_dir(self.ctx.run_dir, tuple(
+                    self.ctx.endpoints.bind_address(self.ctx.spec.name, port, self.ctx.replica)
+                    for port in self.binds))
         self.log.info("stopped")
         return 0
 

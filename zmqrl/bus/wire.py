@@ -35,10 +35,16 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 # Cap for the header frame, and for what msgpack may build from it. A header holds the
 # fields and the inline arrays (each at most INLINE_MAX_BYTES), so 1 MiB leaves room for
-# dozens of inline arrays (a model's state dict) while a header decoded under these
-# limits can cost only a few MiB of memory: msgpack's defaults would let a 4 MB header
-# of tiny containers grow into hundreds of MiB of Python objects.
+# dozens of inline arrays (a model's state dict). Per-container limits alone do not
+# bound the objects: measured (tracemalloc), 1 MiB of empty maps became 72 MiB of
+# Python objects, of empty lists 64 MiB, of small negative ints 40 MiB. So decoding also
+# counts every list and map and their entries (_ObjectBudget, MAX_HEADER_OBJECTS) and
+# stops past the budget: the worst 1 MiB header then peaks at ~11 MiB (2-byte strings;
+# empty maps 5 MiB), for ~1 us more per decode (tests/test_wire_budget.py).
 MAX_HEADER_BYTES = 1024 * 1024
+# Lists, maps and their entries in one header: a legitimate one holds a few per array
+# (its entry and shape) and per field, and a metrics report's returns are numpy arrays.
+MAX_HEADER_OBJECTS = 1 << 17
 # msgpack nesting depth: the deepest legitimate header is a metrics row (map in map).
 _UNPACK_LIMITS = {
     # inline array data: a sender may inline any array (receivers must accept either
@@ -152,6 +158,24 @@ def encode(msg_type: str, arrays: dict[str, np.ndarray] | None = None, **fields:
     return frames
 
 
+class _ObjectBudget:
+    """Counts the lists and maps msgpack builds, with their entries (its hooks run as
+    each is complete), and stops a header that would build more than
+    MAX_HEADER_OBJECTS."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_HEADER_OBJECTS
+
+    def take(self, container: Any) -> Any:
+        self.left -= len(container) + 1
+        if self.left < 0:
+            raise ProtocolError(f"header holds more than {MAX_HEADER_OBJECTS} "
+                                "list and map entries")
+        return container
+
+
 def _no_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack ext type {code} is not allowed in a header")
 
@@ -194,8 +218,10 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise ProtocolError(f"header of {len(raw_header)} bytes exceeds the limit of "
                             f"{MAX_HEADER_BYTES}")
     try:
+        budget = _ObjectBudget()
         header = msgpack.unpackb(raw_header, raw=False, strict_map_key=True,
-                                 ext_hook=_no_ext, **_UNPACK_LIMITS)
+                                 ext_hook=_no_ext, list_hook=budget.take,
+                                 object_hook=budget.take, **_UNPACK_LIMITS)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types on garbage

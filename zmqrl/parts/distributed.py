@@ -13,7 +13,8 @@ everything else between hosts is CURVE, and this must not be plaintext tcp besid
   ``host:`` meets through a file store in the run directory (private, like the ipc
   sockets); one with ``host:`` (whose replicas may not share a run directory) meets on
   tcp at 127.0.0.1, port ``network.base_port - 1``, the store listening on loopback
-  only (torch's own store would listen on every interface).
+  only (torch's own store would listen on every interface). That port is one per
+  machine: ``validate`` refuses two such nodes on one host.
 * gloo's connections between the ranks use the loopback interface
   (``GLOO_SOCKET_IFNAME``), not whatever address the machine's hostname resolves to.
 * A file store left behind by a killed group would hand its stale peer addresses to the
@@ -41,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zmqrl.bus.endpoints import DEFAULT_BASE_PORT, private_dir
+from zmqrl.bus.endpoints import private_dir, rendezvous_port
 from zmqrl.bus.spec import NodeSpec, TopologySpec
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,7 @@ LOOPBACK = "127.0.0.1"
 def rendezvous_address(topo: TopologySpec, spec: NodeSpec, run_dir: Path) -> str:
     """Where the replicas of ``spec`` meet: ``tcp://127.0.0.1:PORT`` or ``file://PATH``."""
     if spec.host:
-        port = topo.network.get("base_port", DEFAULT_BASE_PORT) - 1
-        return f"tcp://{LOOPBACK}:{port}"
+        return f"tcp://{LOOPBACK}:{rendezvous_port(topo)}"
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     return f"file://{private_dir(run_dir / 'rendezvous') / spec.name}"

@@ -165,6 +165,8 @@ class Supervisor:
                                   f"run: {', '.join(f'{n} ({h})' for n, h in nodes)}")
             return self._run()
         finally:
+            # Every node has stopped: the /tmp fallback for the socket files goes too.
+            remove_ipc_dir(self.run_dir)
             self.lock.release()
 
     def _run(self) -> int:

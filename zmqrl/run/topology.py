@@ -379,10 +379,34 @@ def _semantic_errors(topo: Topology, broken: set[str],
                 errors.append((where, f"a {cls.links[link].socket} link cannot connect to "
                                       f"'{target}', a {ports[port]} port"))
     errors += cores.errors(topo)
+    errors += _rendezvous_errors(topo, classes)
     errors += _algo_errors(topo.algo)
     errors += _self_play_errors(topo)
     errors += _env_model_errors(topo) if node is None else []
     errors += _network_errors(topo.network)
+    return errors
+
+
+def _rendezvous_errors(topo: Topology, classes: dict[str, type]) -> list[tuple[tuple, str]]:
+    """Data-parallel learner nodes with ``host:`` meet on one loopback port per machine
+    (:func:`zmqrl.bus.endpoints.rendezvous_port`): two on one host would collide."""
+    from zmqrl.bus import roles
+    from zmqrl.bus.endpoints import rendezvous_port
+
+    errors: list[tuple[tuple, str]] = []
+    first_on: dict[str, str] = {}  # host -> the first such node on it
+    for name in sorted(topo.nodes):
+        spec = topo.nodes[name]
+        if not (spec.host and spec.replicas > 1 and "param_server" not in spec.links
+                and getattr(classes.get(name), "role", None) == roles.LEARNS):
+            continue
+        other = first_on.setdefault(spec.host, name)
+        if other != name:
+            errors.append((("nodes", name, "host"),
+                           f"data-parallel learners '{other}' and '{name}' on host "
+                           f"{spec.host} would both meet on port {rendezvous_port(topo)} "
+                           "(network.base_port - 1): put them on different hosts or "
+                           "make them one node"))
     return errors
 
 
