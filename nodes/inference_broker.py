@@ -39,6 +39,7 @@ from zmqrl.bus.metrics import LatencyReservoir
 from zmqrl.bus.node import Link, Node, Outbox
 from zmqrl.parts.acting import ActingSetup, Behaviour, EpisodeLog, act_batched, behaviour_for
 from zmqrl.parts.acting.params import ParamsFollower
+from zmqrl.parts.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
 from zmqrl.run.topology import NodeSpec, Topology, load_class
 
@@ -69,6 +70,12 @@ class InferenceBroker(Node):
         # half the time in bfloat16 on a CPU with AVX-512 BF16; an MLP as small as
         # SEED's CartPole one is bound by per-call overhead and gains nothing.
         precision: str = "float32"
+        # self-play: seconds between checkpoints of the opponent pool (also at exit; 0: only then)
+        checkpoint_every_s: float = 30.0
+        # What one connection, and all of them, may hold (see the module docstring): a
+        # step wider than this, or a connection beyond that many, gets an error reply.
+        max_envs_per_connection: int = 4096
+        max_connections: int = 256
 
     @classmethod
     def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
@@ -170,6 +177,7 @@ class InferenceBroker(Node):
         self.batch_envs = 0
         self.latency = LatencyReservoir()
         self.every(5.0, self._forget_silent_actors)
+        self.pool_checkpointer = self._pool_checkpointer()
         self.log.info("model on %s in %s, %s per connection%s", self.device,
                       self.precision, self.behaviour_type.__name__,
                       f", unroll {self.unroll}" if self.unroll else "")
@@ -321,6 +329,28 @@ class InferenceBroker(Node):
     @property
     def version(self) -> int:
         return self.params.version
+
+    def _pool_checkpointer(self) -> Checkpointer | None:
+        """Self-play: the opponent pool persists (``checkpoints/<label>.pool.pt``),
+        restored here and saved on a timer and at exit."""
+        from zmqrl.parts.acting.self_play import SelfPlayBehaviour, saved_pool
+
+        if not issubclass(self.behaviour_type, SelfPlayBehaviour):
+            return None
+        saveable = saved_pool(self.model, self.behaviour_type.config)
+        checkpointer = Checkpointer(
+            node_checkpoint(self.ctx.run_dir, self.ctx.label, ".pool" + TORCH.suffix),
+            saveable, format=TORCH, log=self.log)
+        if checkpointer.restore_if_present():
+            self.log.info("resumed the opponent pool: %d snapshots; %s",
+                          len(saveable.pool.snapshots), saveable.pool.summary())
+        if self.args.checkpoint_every_s > 0:
+            self.every(self.args.checkpoint_every_s, checkpointer.save)
+        return checkpointer
+
+    def teardown(self) -> None:
+        if self.pool_checkpointer is not None:
+            self.pool_checkpointer.save()
 
     def _forget_silent_actors(self) -> None:
         cutoff = time.monotonic() - self.args.client_timeout_s

@@ -18,6 +18,16 @@ The results go into the node's metrics (CSV and TensorBoard under those tags), i
 ``league.json`` in the run directory (win rates, ratings, the pairwise table; rewritten
 after each evaluation) and into one log line. Games are played a slice at a time
 (``slice_ms`` per loop turn), so the node stays responsive while it evaluates.
+
+Persistence: the league as of its last finished evaluation (members' weights, every
+pair's results, ratings, counters: ``zmqrl.parts.selfplay.league_state``) is a
+checkpoint, ``checkpoints/<label>.league.pt``, written after every evaluation and at
+exit and restored when the node starts (a supervisor restart, ``zmqrl up --resume``).
+A restored league waits for the learner's parameters before its next evaluation (rather
+than rating its untrained initial model), then carries on: the same members, results and
+counters, so ``league.json`` keeps its earlier entries. A member is admitted when the
+evaluation it first plays in finishes, so an evaluation cut short by a stop is played
+again, whole, after the restart.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from typing import Any
 
 from zmqrl.bus import wire
 from zmqrl.bus.node import Link, Node
+from zmqrl.parts.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.run.topology import NodeSpec, Topology
 
 RANDOM = "random"
@@ -90,23 +101,37 @@ class League(Node):
         self.mcts = MCTSPlayer(self.game, a.mcts_simulations, seed + 1)
         self.members: dict[str, Any] = {}  # name -> PolicyPlayer, oldest first
         self.results: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self.ratings: dict[str, float] = {}
         self.next_snapshot = 0
         self.evaluation: Any = None
+        self.candidate: Any = None  # the member this evaluation admits when it finishes
         self.evaluated_version = -1
         self.evaluations = 0
         self.next_eval_at = time.monotonic()  # a first evaluation at once: the baseline
         self.row: dict[str, Any] = {}
         self.path = self.ctx.run_dir / "league.json"
+        self.checkpointer = Checkpointer(
+            node_checkpoint(self.ctx.run_dir, self.ctx.label, ".league" + TORCH.suffix),
+            self, format=TORCH, log=self.log)
+        self.heard_params = False  # any parameters that fit the model, even a version we hold
+        self.resumed = self.checkpointer.restore_if_present()
+        if self.resumed:
+            self.log.info("resumed: %d evaluations, members %s, %d results", self.evaluations,
+                          ", ".join(self.members) or "none", len(self.results))
 
     def on_params(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.PARAMS:
             raise wire.ProtocolError(f"params link takes '{wire.PARAMS}', not '{msg.type}'")
+        rejected = self.bad_messages
         self.params.offer(msg)
+        self.heard_params |= self.bad_messages == rejected
 
     def poll_timeout_ms(self) -> int:
         return 0 if self.evaluation is not None else 100
 
     def after_poll(self) -> None:
+        if self.resumed and not self.heard_params:
+            return  # resumed: the next evaluation is of the learner's policy, not a fresh one
         if self.evaluation is None and time.monotonic() >= self.next_eval_at:
             self._start()
         if self.evaluation is not None and self.evaluation.advance(self.args.slice_ms / 1e3):
@@ -120,33 +145,35 @@ class League(Node):
         a, version = self.args, self.params.version
         latest = PolicyPlayer(f"latest@v{version}", frozen_copy(self.model))
         matches = [Match(latest, self.random, a.games), Match(latest, self.mcts, a.games)]
-        if version >= self.next_snapshot:
+        self.candidate = None
+        if version >= self.next_snapshot and f"v{version}" not in self.members:
             # A new member plays every other one (and the anchor) once; it stays fixed.
-            member = PolicyPlayer(f"v{version}", latest.model)
-            matches += [Match(member, other, a.round_robin_games)
+            # It joins when this evaluation finishes (what a checkpoint holds is whole).
+            self.candidate = PolicyPlayer(f"v{version}", latest.model, version)
+            matches += [Match(self.candidate, other, a.round_robin_games)
                         for other in [self.random, *self.members.values()]]
-            self.members[member.name] = member
-            while len(self.members) > a.pool_size:
-                gone = self.members.pop(next(iter(self.members)))
-                self.results = {k: v for k, v in self.results.items() if gone.name not in k}
-            self.next_snapshot = (version // self.every_versions + 1) * self.every_versions
-        matches += [Match(latest, m, a.round_robin_games) for m in self.members.values()
-                    if m.name != f"v{version}"]
+        matches += [Match(latest, m, a.round_robin_games) for m in self.members.values()]
         self.evaluation = Evaluation(self.game, matches)
         self.latest_name = latest.name
-        self.evaluated_version = version
+        self.evaluating_version = version
         self.started_at = time.monotonic()
 
     def _finish(self) -> None:
         from zmqrl.parts.selfplay import elo
 
         evaluation, self.evaluation = self.evaluation, None
-        latest = self.latest_name
+        latest, self.evaluated_version = self.latest_name, self.evaluating_version
         results = evaluation.results()
         # The latest of this evaluation replaces the last one's in the ratings.
         self.results = {k: v for k, v in self.results.items() if not k[0].startswith("latest@")}
         self.results.update({k: v for k, v in results.items() if k[1] != self.mcts.name})
-        ratings = elo.fit(self.results, anchor=RANDOM)
+        if self.candidate is not None:
+            member, self.candidate = self.candidate, None
+            self.members[member.name] = member
+            self._trim()
+            self.next_snapshot = (member.version // self.every_versions + 1) \
+                * self.every_versions
+        ratings = self.ratings = elo.fit(self.results, anchor=RANDOM)
         vs_random = results[(latest, RANDOM)]
         vs_mcts = results[(latest, self.mcts.name)]
         self.evaluations += 1
@@ -160,6 +187,7 @@ class League(Node):
             "population/members": len(self.members),
         }
         self._write(latest, vs_random, vs_mcts, ratings)
+        self.checkpointer.save(self.evaluations)
         self.log.info("league: v%d wins %.0f %% against random, %.0f %% against MCTS-%d; "
                       "Elo %.0f (random 0; members %s) [%.1f s]", self.evaluated_version,
                       100 * _rate(vs_random), 100 * _rate(vs_mcts), self.args.mcts_simulations,
@@ -186,6 +214,43 @@ class League(Node):
 
     def metrics(self) -> dict[str, Any]:
         return {"param_version": self.params.version, **self.row}
+
+    # ----- persistence (zmqrl.parts.checkpoint.Saveable) ------------------------------
+    def state(self) -> dict[str, Any]:
+        """The league as of its last finished evaluation (zmqrl.parts.selfplay.league_state)."""
+        from zmqrl.parts.selfplay.league_state import LeagueState, Member
+
+        return LeagueState(
+            members=[Member(m.name, m.version, m.model.state_dict())
+                     for m in self.members.values()],
+            results=dict(self.results), ratings=dict(self.ratings),
+            next_snapshot=self.next_snapshot, evaluations=self.evaluations,
+            evaluated_version=self.evaluated_version).to_dict()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        from zmqrl.parts.acting.self_play import frozen_copy
+        from zmqrl.parts.selfplay.league_state import LeagueState
+        from zmqrl.parts.selfplay.matches import PolicyPlayer
+
+        saved = LeagueState.from_dict(state)
+        members = {}
+        for m in saved.members:  # (load_state_dict names a member that does not fit)
+            model = frozen_copy(self.model)
+            model.load_state_dict(m.model)
+            members[m.name] = PolicyPlayer(m.name, model, m.version)
+        self.members, self.results, self.ratings = members, saved.results, saved.ratings
+        self.next_snapshot, self.evaluations = saved.next_snapshot, saved.evaluations
+        self.evaluated_version = saved.evaluated_version
+        self._trim()  # (a smaller pool_size than the run that saved it)
+
+    def _trim(self) -> None:
+        """Keep the newest ``pool_size`` members, and only their results."""
+        while len(self.members) > self.args.pool_size:
+            gone = self.members.pop(next(iter(self.members)))
+            self.results = {k: v for k, v in self.results.items() if gone.name not in k}
+
+    def teardown(self) -> None:
+        self.checkpointer.save(self.evaluations)
 
 
 def _rate(record: tuple[float, float, float]) -> float:

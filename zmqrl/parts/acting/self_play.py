@@ -40,7 +40,7 @@ import torch
 from zmqrl.bus import wire
 from zmqrl.parts.acting.behaviour import ActingSetup, Behaviour, EpisodeLog, Item, host
 from zmqrl.parts.selfplay.config import SelfPlayConfig
-from zmqrl.parts.selfplay.pool import LATEST, OpponentPool
+from zmqrl.parts.selfplay.pool import LATEST, OpponentPool, SavedPool
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,17 @@ def pool_for(model: torch.nn.Module, config: SelfPlayConfig) -> OpponentPool:
     if pool is None:
         pool = _POOLS[model] = OpponentPool(config)
     return pool
+
+
+def saved_pool(model: torch.nn.Module, config: SelfPlayConfig) -> SavedPool:
+    """The opponent pool of ``model`` as a checkpoint Saveable (snapshots come back as
+    frozen copies of ``model`` holding their saved weights)."""
+    def load(state_dict: dict) -> torch.nn.Module:
+        snapshot = frozen_copy(model)
+        snapshot.load_state_dict(state_dict)
+        return snapshot
+
+    return SavedPool(pool_for(model, config), load)
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -65,8 +65,9 @@ class PolicyPlayer(Player):
     """An actor-critic network playing by sampling its policy (no legal-move mask: it
     plays as it does in self-play)."""
 
-    def __init__(self, name: str, model: torch.nn.Module):
+    def __init__(self, name: str, model: torch.nn.Module, version: int = -1):
         self.name, self.model = name, model
+        self.version = version  # the parameter version it plays with (-1: not said)
         self.batched = True
 
     def moves(self, game: Game, states: list[Any], players: np.ndarray) -> list[int]:

@@ -10,6 +10,17 @@ snapshot: :meth:`OpponentPool.table` is the win-rate table.
 
 What a snapshot is (a copy of a torch module) is the caller's: the pool holds whatever
 ``make`` returns, so it imports no torch.
+
+Persistence: :class:`SavedPool` is the pool as a checkpoint Saveable
+(``zmqrl.parts.checkpoint``, TORCH format; the inference broker's
+``checkpoints/<label>.pool.pt``). Format 1, a plain dict::
+
+    {"format": 1, "next_at": 60, "ids": 3, "taken": 3,
+     "snapshots": [{"id": 1, "version": 20, "results": [5, 1, 2],  # oldest first
+                    "model": <state dict>}, ...]}
+
+``results`` are the latest policy's wins, draws and losses against that snapshot. The
+version last seen is not kept: a restored pool counts from the version it next sees.
 """
 
 from __future__ import annotations
@@ -107,3 +118,44 @@ class OpponentPool:
                  for name, row in self.table().items()
                  if row["wins"] + row["draws"] + row["losses"]]
         return ", ".join(parts) or "no games yet"
+
+
+POOL_FORMAT = 1
+
+
+class SavedPool:
+    """``pool`` as a checkpoint Saveable: each snapshot's model is saved as its
+    ``state_dict()`` and restored by ``load(state_dict)`` (the caller's: a frozen copy of
+    its model holding those weights)."""
+
+    def __init__(self, pool: OpponentPool, load: Callable[[Any], Any]):
+        self.pool, self.load = pool, load
+
+    def state(self) -> dict[str, Any]:
+        pool = self.pool
+        return {"format": POOL_FORMAT, "next_at": int(pool.next_at), "ids": int(pool._ids),
+                "taken": int(pool.taken),
+                "snapshots": [{"id": s.id, "version": s.version, "results": list(s.results),
+                               "model": s.model.state_dict()}
+                              for s in pool.snapshots.values()]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("format") != POOL_FORMAT:
+            raise ValueError(f"opponent pool checkpoint format {state.get('format')!r}, "
+                             f"expected {POOL_FORMAT}")
+        try:
+            saved = [(int(s["id"]), int(s["version"]), [int(x) for x in s["results"]],
+                      s["model"]) for s in state["snapshots"]]
+            next_at, ids, taken = int(state["next_at"]), int(state["ids"]), int(state["taken"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"opponent pool checkpoint: missing or mistyped {exc}") from exc
+        if any(len(results) != 3 for _, _, results, _ in saved):
+            raise ValueError("opponent pool checkpoint: results must be [wins, draws, losses]")
+        # the newest pool_size (the section may hold a smaller pool than the saved run)
+        saved = saved[max(0, len(saved) - self.pool.config.pool_size):]
+        snapshots = {i: Snapshot(i, version, self.load(model), results)
+                     for i, version, results, model in saved}
+        pool = self.pool
+        pool.snapshots, pool.next_at, pool.taken = snapshots, next_at, taken
+        pool._ids = max([ids, *(i + 1 for i in snapshots)])
+        pool.last_version = -1
