@@ -98,7 +98,8 @@ def _check_cores(topo: Topology, engine: str) -> None:
               help="With --engine ray: how the run's placement group packs node replicas.")
 @click.option("--curve/--no-curve", default=None,
               help="With --engine ray: encrypt and authenticate every tcp link (default: "
-                   "on when the cluster has more than one node).")
+                   "on whenever an address is not loopback: several Ray nodes or a "
+                   "routable address; --no-curve there runs plain tcp, with a warning).")
 @click.option("--placement-timeout", default=120.0, show_default=True,
               type=click.FloatRange(min=0, min_open=True), metavar="S",
               help="With --engine ray: give up if the cluster cannot place the run in S.")

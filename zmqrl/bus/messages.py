@@ -285,7 +285,11 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 Field("node", "str", doc="node name"),
                 Field("replica", "int", rule="nonneg", doc="replica index"),
                 Field("incarnation", "str", doc="random hex, new for every start"),
-                Field("pid", "int", rule="positive", doc="process id"))),
+                Field("pid", "int", rule="positive", doc="process id"),
+                Field("secret", "str", False,
+                      doc="the `ZMQRL_NODE_SECRET` its supervisor put in its environment "
+                          "(new for every start); without it the supervisor believes "
+                          "none of the label's reports (§9)"))),
     MessageSpec(wire.HEARTBEAT, "Still alive: every 1 s.", "node → supervisor",
                 fields=(_LABEL,)),
     MessageSpec(

@@ -59,6 +59,10 @@ MAX_POLL_MS = 100
 # process is gone, checked this often (and signalled by the kernel, see lifetime.py).
 PARENT_PID_ENV = "ZMQRL_PARENT_PID"
 PARENT_CHECK_S = 0.5
+# Set by a supervisor for each process it starts (new for every start): the node says it
+# in its hello, and the supervisor believes a label's reports only from the peer that
+# did (zmqrl.run.runmetrics). An env var, not an argument: kept out of `ps`.
+SECRET_ENV = "ZMQRL_NODE_SECRET"
 # Episode returns one metrics report carries at most (the newest; the rest are counted
 # in its episodes_more): ~90 KB of header, far under the 1 MiB cap.
 MAX_EPISODES_PER_REPORT = 10_000
@@ -327,6 +331,7 @@ class Node:
         # ZMQRL_PARENT_PID): see zmqrl.bus.lifetime.
         parent = os.environ.pop(PARENT_PID_ENV, None)  # not for processes we start
         self._parent = lifetime.ParentWatch(int(parent)) if parent else None
+        self._secret = os.environ.pop(SECRET_ENV, None)  # likewise: ours alone
 
     @classmethod
     def largest_insert(cls, spec: NodeSpec, topo: TopologySpec) -> int | None:
@@ -553,7 +558,8 @@ class Node:
             self._report(wire.HELLO, kind=self.ctx.spec.kind or self.ctx.spec.impl,
                          role=self.role, shows=dict(self.shows),
                          node=self.ctx.spec.name, replica=self.ctx.replica,
-                         incarnation=self.incarnation, pid=os.getpid())
+                         incarnation=self.incarnation, pid=os.getpid(),
+                         **({"secret": self._secret} if self._secret else {}))
             self.every(HEARTBEAT_S, lambda: self._report(wire.HEARTBEAT))
             if self._heard:
                 # Peers' silence counts from now: a setup() longer than peer_timeout_s

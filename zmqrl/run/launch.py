@@ -40,14 +40,14 @@ from rich.live import Live
 from rich.text import Text
 
 from zmqrl.bus import cores, lifetime, sockets, wire
-from zmqrl.bus.endpoints import supervisor_address
+from zmqrl.bus.endpoints import remove_ipc_dir, supervisor_address
 from zmqrl.bus.labels import label as make_label
-from zmqrl.bus.node import PARENT_PID_ENV
+from zmqrl.bus.node import PARENT_PID_ENV, SECRET_ENV
 from zmqrl.parts.checkpoint import existing_checkpoints
 from zmqrl.run.nodeproc import run_node, watchdog  # noqa: F401  (the public entry points)
 from zmqrl.run.progress import Progress
 from zmqrl.run.restart import Restarts
-from zmqrl.run.runmetrics import RunMetrics, StopConditions
+from zmqrl.run.runmetrics import RunMetrics, StopConditions, new_secret
 from zmqrl.run.topology import Topology
 
 __all__ = ["RunDirError", "StopConditions", "Supervisor", "check_run_dir", "default_run_dir",
@@ -247,8 +247,10 @@ class Supervisor:
         cmd = self._command(proc)
         if proc.log_file is None:
             proc.log_file = open(self.run_dir / "logs" / f"{proc.label}.log", "a")  # noqa: SIM115
+        # The secret its hello must carry (a command: node's own children inherit it).
+        secret = new_secret()
         env = dict(os.environ, PYTHONUNBUFFERED="1", ZMQRL_NODE=proc.label,
-                   **{PARENT_PID_ENV: str(os.getpid())})
+                   **{PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: secret})
         # Its own session (a whole node tree can be signalled), and it dies with us.
         proc.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env=env, text=True,
@@ -261,7 +263,7 @@ class Supervisor:
             if core_plan is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.sched_setaffinity(proc.popen.pid, core_plan.shared)
-        self.metrics.started(proc.label, proc.node, proc.popen.pid)
+        self.metrics.started(proc.label, proc.node, proc.popen.pid, secret)
         proc.last_heartbeat = proc.started_at = time.monotonic()
         proc.reported_silent = False
         pump = threading.Thread(target=self._pump, args=(proc, proc.popen), daemon=True)

@@ -2,10 +2,17 @@
 
 Nodes send ``hello``, ``heartbeat`` and ``metrics`` to the supervisor's ROUTER. None of
 it is trusted: every field is type-checked (a bad one raises ``wire.ProtocolError``, one
-log line, never a crash), and a label is accepted only from the peer that said
-``hello`` with it, where that hello's ``pid`` is (or descends from) the process the
-supervisor started for the label. So no other peer can report steps or returns for an
-actor and stop the run with ``--max-steps`` or ``--target-return``.
+log line, never a crash). The supervisor hands each process it starts a random secret of
+its own (``ZMQRL_NODE_SECRET`` in its environment, new for every start; a process it
+starts inherits it, so a ``command:`` node's ``zmqrl node`` child has it too). A hello
+for a label is believed only with that label's current secret, and binds the label to
+the ROUTER identity that said it: heartbeats and metrics for the label count only from
+that identity, and no other peer can take the label over. A pid proves nothing (another
+host's pids, or a guessed one); knowing a label and its node's pid is not enough to
+report steps or returns for an actor and stop the run with ``--max-steps`` or
+``--target-return``. A node started by hand against a running supervisor has no secret:
+its own reports are refused, and what it does counts through the nodes it talks to (a
+broker counts every connection it serves).
 
 Env steps are counted by the role each node says in its hello (:mod:`zmqrl.bus.roles`),
 never by its kind, from several views, each a lower bound of the truth and free of
@@ -24,7 +31,9 @@ x = the run's env steps; :mod:`zmqrl.bus.tensorboard`) and what it knows of its 
 from __future__ import annotations
 
 import csv
+import hmac
 import math
+import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +72,7 @@ class _Peer:
     role: str = roles.NONE  # said in its hello (zmqrl.bus.roles): what it is counted for
     shows: dict[str, str] = field(default_factory=dict)  # row fields for the progress line
     identity: bytes | None = None  # ROUTER identity of the peer whose hello we accepted
+    secret: str | None = field(default=None, repr=False)  # handed to its current process
     steps: int = 0  # env steps reported by the current process
     carried: int = 0  # env steps of its earlier processes (it restarted)
     row: dict[str, Any] = field(default_factory=dict)
@@ -84,19 +94,14 @@ def _finite(value: Any) -> bool:
         and math.isfinite(value)
 
 
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """Whether ``pid`` is ``ancestor`` or one of its descendants (Linux /proc)."""
-    for _ in range(64):
-        if pid == ancestor:
-            return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            pid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-        if pid <= 1:
-            return False
-    return False
+def new_secret() -> str:
+    """A node process's secret (the supervisor's, for one start of one label)."""
+    return secrets.token_hex(16)
+
+
+def _same_secret(given: Any, expected: str | None) -> bool:
+    return isinstance(given, str) and expected is not None and hmac.compare_digest(
+        given.encode("utf-8", "replace"), expected.encode())
 
 
 class RunMetrics:
@@ -146,13 +151,15 @@ class RunMetrics:
             self.base_episodes = int(float(last.get("episodes") or 0))
 
     # ----- the processes the supervisor runs ------------------------------------------
-    def started(self, label: str, node: str, pid: int) -> None:
-        """The supervisor started ``pid`` for ``label``: only its hello is believed."""
+    def started(self, label: str, node: str, pid: int, secret: str) -> None:
+        """The supervisor started ``pid`` for ``label`` and handed it ``secret``
+        (:func:`new_secret`): only a hello with that secret is believed."""
         spec = self.topo.nodes[node]
         shown = spec.kind or spec.impl or " ".join(spec.command or [])[:60]
         peer = self.peers.setdefault(label, _Peer(node, shown))
         peer.pid = pid
         peer.identity = None
+        peer.secret = secret
         peer.carried += peer.steps
         peer.steps = 0
         peer.starts += 1
@@ -178,10 +185,12 @@ class RunMetrics:
         if peer is None:
             raise wire.ProtocolError(f"'{label:.60}' is not a node this supervisor started")
         if msg.type == wire.HELLO:
-            pid = msg.fields["pid"]
-            if peer.pid is None or not _descends_from(pid, peer.pid):
-                raise wire.ProtocolError(f"hello as '{label}' from pid {pid}, which the "
-                                         "supervisor did not start for it")
+            if not _same_secret(msg.fields.get("secret"), peer.secret):
+                raise wire.ProtocolError(f"hello as '{label}' without the secret the "
+                                         "supervisor gave its process")
+            if peer.identity is not None and peer.identity != identity:
+                raise wire.ProtocolError(f"hello as '{label}' from a second peer: the "
+                                         "label is bound to the first")
             role = msg.fields.get("role", roles.NONE)
             if role not in roles.ROLES:
                 raise wire.ProtocolError(f"hello as '{label}' with role {role!r:.40}: not one "

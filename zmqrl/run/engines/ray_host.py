@@ -3,14 +3,17 @@
 ``NodeHost`` is a thin shell around the ordinary ``zmqrl node`` process, so a node is
 the same program under every engine:
 
-* ``prepare``: picks a free tcp port on this host's Ray address for each bound port,
+* ``prepare``: picks a free tcp port on this host's Ray address (on loopback when the
+  cluster is the driver's machine alone; :mod:`zmqrl.run.engines.exposure`) for each
+  bound port, refusing a routable address in the clear unless the run allows it,
   makes the node's CURVE server keypair here (:mod:`zmqrl.run.engines.keys`) and registers
   both in the run's registry (:mod:`zmqrl.run.engines.ray_registry`). Placed again on the
   same host, it keeps its ports and keys, so the nodes linked to it just reconnect.
 * ``start``: looks up the addresses of the nodes it links to (waiting, with a deadline,
   for them to register), writes them for the node (``--endpoints``, and ``servers.json``
   for CURVE) and starts ``zmqrl node`` in its own process group, dying with us
-  (:mod:`zmqrl.bus.lifetime`). Returns its pid.
+  (:mod:`zmqrl.bus.lifetime`), with the secret its hello must carry in its environment
+  (``ZMQRL_NODE_SECRET``, new for every start, from the driver). Returns its pid.
 * ``poll``: the node's new output lines, and its exit code once it exited (the whole
   process group is killed then, as under ``zmqrl up``).
 * ``stop``: SIGTERM to the group, SIGKILL after a grace period.
@@ -36,8 +39,8 @@ from typing import Any
 
 from zmqrl.bus import lifetime
 from zmqrl.bus.endpoints import Endpoints, private_dir
-from zmqrl.bus.node import PARENT_PID_ENV
-from zmqrl.run.engines import keys
+from zmqrl.bus.node import PARENT_PID_ENV, SECRET_ENV
+from zmqrl.run.engines import exposure, keys
 
 MAX_LINES = 10_000  # output lines kept between two polls; older ones are dropped (counted)
 PORT_TRIES = 20
@@ -55,6 +58,10 @@ class RunSpec:
     supervisor_key: bytes | None  # its CURVE public key (None: plain tcp)
     client: tuple[bytes, bytes] | None  # the run's CURVE client keypair (generated keys)
     lookup_timeout_s: float = 60.0
+    loopback: bool = False  # the cluster is the driver's machine: bind loopback
+    local_nodes: tuple[str, ...] = ()  # with loopback: the Ray node ids of that machine
+    encrypted: bool = False  # CURVE (generated keys or the topology's own)
+    plain_tcp_ok: bool = False  # --no-curve: a routable address in the clear is allowed
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,8 @@ class NodeHost:
         self.run = run
         self.role = role
         self.registry = registry
-        self.ip = ray.util.get_node_ip_address()
+        self.ray_ip = ray.util.get_node_ip_address()
+        self.ip = exposure.bind_ip(self.ray_ip, run.loopback)  # where its ports bind
         self.node_id = ray.get_runtime_context().get_node_id()
         self.dir = Path(run.run_dir) / "ray" / role.label
         self.keys_dir = self.dir / "keys"
@@ -119,6 +127,13 @@ class NodeHost:
         """Pick ports, make keys, register; returns where this replica is."""
         import ray
 
+        if self.run.loopback and self.node_id not in self.run.local_nodes:
+            raise RuntimeError(
+                f"{self.role.label}: placed on Ray node {self.ray_ip}, which joined after "
+                "the run started on the driver's machine alone (its ports bind loopback); "
+                "start the run again to include it")
+        exposure.check_bind(self.role.label, self.ip, self.run.encrypted,
+                            self.run.plain_tcp_ok)
         self.dir.mkdir(parents=True, exist_ok=True)
         private_dir(self.dir)
         topo_file = self.dir / "topology.yaml"
@@ -156,8 +171,9 @@ class NodeHost:
                 "addresses": self.addresses, "pid": os.getpid()}
 
     # ----- the node process -----------------------------------------------------------
-    def start(self) -> int:
-        """Resolve the links, write the node's endpoints and keys, start it; its pid."""
+    def start(self, secret: str) -> int:
+        """Resolve the links, write the node's endpoints and keys, start it with
+        ``secret`` for its hello; its pid."""
         import ray
 
         if self.popen is not None and self.popen.poll() is None:
@@ -192,7 +208,7 @@ class NodeHost:
             keys.write_node_keys(self.keys_dir, self.run.client, servers)
         env = dict(os.environ, PYTHONUNBUFFERED="1", ZMQRL_NODE=self.role.label,
                    ZMQRL_ENDPOINTS=str(endpoints_file), ZMQRL_SUPERVISOR=self.run.supervisor,
-                   **{PARENT_PID_ENV: str(os.getpid())})
+                   **{PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: secret})
         cwd = self.run.cwd if os.path.isdir(self.run.cwd) else self.run.run_dir
         started = threading.Event()
         failure: list[BaseException] = []

@@ -13,11 +13,16 @@ runs changes:
    registers them in the run's registry actor (:mod:`zmqrl.run.engines.ray_registry`); a
    wrapper looks up the nodes it links to before starting its node. The supervisor
    socket binds tcp on the driver's Ray address. Parameters and experience travel on
-   ZeroMQ only, never through Ray's object store.
-3. **CURVE** is on when the cluster has more than one node (``--curve``/``--no-curve``
-   decide otherwise): per-replica server keys made on their hosts, one client key per
-   run (:mod:`zmqrl.run.engines.keys`). A topology that names ``network.curve.keys`` uses
-   that directory instead, which must then exist on every host.
+   ZeroMQ only, never through Ray's object store. When the cluster is this machine (a
+   Ray we started, which runs on loopback, or every Ray node an address of this host),
+   every port binds loopback instead (:mod:`zmqrl.run.engines.exposure`).
+3. **CURVE** is on when the cluster has more than one node or any address is not
+   loopback (``--curve``/``--no-curve`` decide otherwise; ``--no-curve`` on routable
+   addresses is warned about loudly): per-replica server keys made on their hosts, one
+   client key per run (:mod:`zmqrl.run.engines.keys`). A topology that names
+   ``network.curve.keys`` uses that directory instead, which must then exist on every
+   host. Each node process gets a secret of its own for its hello
+   (:mod:`zmqrl.run.runmetrics`), passed to its wrapper with its start.
 4. **Restarts.** A node that exits, or whose wrapper actor dies (kill, lost Ray node),
    is started again by its ``restart`` policy, as under ``up``; a lost wrapper is made
    anew in the same bundle (Ray places the bundle again if its node is gone). Ray itself
@@ -47,11 +52,11 @@ from rich.console import Console
 
 from zmqrl.bus import security, sockets
 from zmqrl.bus.labels import label as make_label
-from zmqrl.run.engines import keys, placement
+from zmqrl.run.engines import exposure, keys, placement
 from zmqrl.run.engines.ray_host import NodeHost, Role, RunSpec
 from zmqrl.run.engines.ray_registry import Registry
 from zmqrl.run.launch import STOP_GRACE_S, Supervisor, _Proc
-from zmqrl.run.runmetrics import StopConditions
+from zmqrl.run.runmetrics import StopConditions, new_secret
 from zmqrl.run.topology import Topology, ports_of
 
 POLL_S = 0.2  # how often each wrapper is asked for its node's output and exit
@@ -64,7 +69,7 @@ LOCAL_OBJECT_STORE_BYTES = 128 * 2**20  # a local Ray's; nothing of ours goes th
 class RayOptions:
     address: str | None = None  # None: RAY_ADDRESS, else a Ray started on this machine
     strategy: str = "pack"  # a key of placement.STRATEGIES
-    curve: bool | None = None  # None: on when the cluster has more than one node
+    curve: bool | None = None  # None: on for several Ray nodes or any routable address
     placement_timeout_s: float = 120.0
     lookup_timeout_s: float = 60.0
 
@@ -82,6 +87,7 @@ class _Remote:
     running: bool = False  # its node process runs (started, no exit seen)
     ip: str = ""
     addresses: dict[str, str] = field(default_factory=dict)  # port -> where it binds
+    secret: str = ""  # handed to its node process at its latest start
 
 
 class RaySupervisor(Supervisor):
@@ -98,24 +104,38 @@ class RaySupervisor(Supervisor):
         self.run_spec: RunSpec | None = None
         self.relinking: set[str] = set()  # stopped to start again at new addresses
         self.width = 0
+        self.started_ray = False  # we started the Ray (on loopback, on this machine)
+        self.exposure: exposure.Exposure | None = None
+        self.local_nodes: tuple[str, ...] = ()  # Ray node ids alive at the start
 
     def run(self) -> int:
-        import ray
-
         address = self.options.address or os.environ.get("RAY_ADDRESS")
-        local: dict[str, Any] = {}
-        if not address:
-            # A Ray of our own on this machine, sized so the run fits as it would under
-            # `up` (Ray's CPUs and custom resources are accounting, not cores).
+        if address:
+            import ray
+
+            ray.init(address=address, namespace="zmqrl", log_to_driver=False,
+                     logging_level=logging.WARNING)
+        else:
+            # A Ray of our own on this machine, on loopback (no other host reaches its
+            # services), sized so the run fits as it would under `up` (Ray's CPUs and
+            # custom resources are accounting, not cores).
             need = placement.totals([s.bundle for s in placement.slots(self.topo)])
-            address = "local"
-            local = {"num_cpus": max(os.cpu_count() or 1, math.ceil(need.get("CPU", 0))),
-                     "resources": {k: v for k, v in need.items()
-                                   if k not in ("CPU", "GPU") and not k.startswith("node:")},
-                     "object_store_memory": LOCAL_OBJECT_STORE_BYTES,
-                     "include_dashboard": False}
-        ray.init(address=address, namespace="zmqrl", log_to_driver=False,
-                 logging_level=logging.WARNING, **local)
+            self.started_ray = True
+            with exposure.local_ray_env() as on_loopback:
+                import ray  # in here: Ray reads the setting when it is first imported
+
+                ray.init(address="local", namespace="zmqrl", log_to_driver=False,
+                         logging_level=logging.WARNING,
+                         num_cpus=max(os.cpu_count() or 1, math.ceil(need.get("CPU", 0))),
+                         resources={k: v for k, v in need.items() if k not in ("CPU", "GPU")
+                                    and not k.startswith("node:")},
+                         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                         include_dashboard=False, **on_loopback)
+            ip = ray.util.get_node_ip_address()
+            if not exposure.is_loopback(ip):  # Ray was imported before we could say so
+                self.console.print(f"zmqrl up: WARNING: the local Ray's services listen on "
+                                   f"{ip}, not loopback (our nodes bind loopback)",
+                                   markup=False)
         try:
             return super().run()
         finally:
@@ -125,17 +145,25 @@ class RaySupervisor(Supervisor):
     def _open_socket(self) -> None:
         import ray
 
-        ip = ray.util.get_node_ip_address()
         alive = [n for n in ray.nodes() if n.get("Alive")]
         configured = security.keys_for(self.topo)
-        curve = self.options.curve if self.options.curve is not None else len(alive) > 1
+        self.exposure = exposure.decide([n["NodeManagerAddress"] for n in alive],
+                                        self.started_ray, self.options.curve,
+                                        configured is not None)
+        self.local_nodes = tuple(n["NodeID"] for n in alive)
+        if self.exposure.warning:
+            self.console.print(self.exposure.warning, style="bold red", markup=False)
+            logging.getLogger("supervisor").warning(self.exposure.warning)
+        ip = exposure.bind_ip(ray.util.get_node_ip_address(), self.exposure.loopback)
         self.client: tuple[bytes, bytes] | None = None
         sup_keys: security.CurveKeys | None = None
         if configured is not None:
             sup_keys = configured  # the topology's own key directory, on every host
-        elif curve:
+        elif self.exposure.curve:
             self.client = zmq.curve_keypair()
             sup_keys = keys.supervisor_keys(self.client[0], self.run_dir / "ray")
+        exposure.check_bind("the supervisor", ip, sup_keys is not None,
+                            self.exposure.plain_tcp_ok)
         ctx = zmq.Context.instance()
         if sup_keys is not None:
             self.auth = security.Authenticator(ctx, sup_keys, logging.getLogger("supervisor"))
@@ -148,7 +176,8 @@ class RaySupervisor(Supervisor):
             configured is None else None
         mode = ("CURVE (keys: " + str(configured.directory) + ")" if configured else
                 "CURVE (per-node server keys made on their hosts)" if self.client else
-                "plain tcp (--curve to encrypt)")
+                "plain tcp on loopback only (--curve to encrypt)" if self.exposure.loopback
+                else "plain tcp (--no-curve)")
         self.console.print(f"zmqrl up: Ray cluster of {len(alive)} node(s); supervisor at "
                            f"{self.address}; {mode}", markup=False)
 
@@ -183,7 +212,10 @@ class RaySupervisor(Supervisor):
         self.run_spec = RunSpec(
             topology_yaml=self.topo_file.read_text(), run_dir=str(self.run_dir),
             cwd=os.getcwd(), supervisor=self.address, supervisor_key=self.sup_public,
-            client=self.client, lookup_timeout_s=self.options.lookup_timeout_s)
+            client=self.client, lookup_timeout_s=self.options.lookup_timeout_s,
+            loopback=self.exposure.loopback, local_nodes=self.local_nodes,
+            encrypted=self.client is not None or security.keys_for(self.topo) is not None,
+            plain_tcp_ok=self.exposure.plain_tcp_ok)
         self.width = max(len(p.label) for p in self.procs)
         for index, (proc, slot) in enumerate(zip(self.procs, slots, strict=True)):
             self.remote[proc.label] = _Remote(slot, index, self._role(slot))
@@ -193,10 +225,16 @@ class RaySupervisor(Supervisor):
         prepared = {p.label: self._make_host(p) for p in self.procs}
         if not self._placed(prepared):
             return
-        starts = {p.label: self.remote[p.label].host.start.remote() for p in self.procs}
+        starts = {p.label: self._start(p) for p in self.procs}
         self._wait(list(starts.values()), START_TIMEOUT_S + self.options.lookup_timeout_s)
         for proc in self.procs:
             self._started(proc, starts[proc.label])
+
+    def _start(self, proc: _Proc) -> Any:
+        """Ask ``proc``'s wrapper to start its node, with a new secret; the ``start`` ref."""
+        remote = self.remote[proc.label]
+        remote.secret = new_secret()
+        return remote.host.start.remote(remote.secret)
 
     def _role(self, slot: placement.Slot) -> Role:
         spec = self.topo.nodes[slot.node]
@@ -282,7 +320,7 @@ class RaySupervisor(Supervisor):
             proc.started_at = now
             self._on_exit(proc, HOST_LOST if remote.host is None else 1, now)
             return False
-        self.metrics.started(proc.label, proc.node, pid)
+        self.metrics.started(proc.label, proc.node, pid, remote.secret)
         remote.running = True
         remote.polled_at = 0.0
         proc.last_heartbeat = proc.started_at = now
@@ -308,7 +346,7 @@ class RaySupervisor(Supervisor):
         if remote.host is None:  # its wrapper died: a new one, placed in the same bundle
             if not self._placed({proc.label: self._make_host(proc)}):
                 return
-        ref = remote.host.start.remote()
+        ref = self._start(proc)
         self._wait([ref], START_TIMEOUT_S + self.options.lookup_timeout_s)
         self._started(proc, ref)
 
