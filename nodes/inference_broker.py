@@ -20,11 +20,14 @@ instead of memory growing.
 
 Memory is bounded per connection and per broker: a connection keeps its behaviour's
 buffers (an unroll's ``(T+1)·n`` observations) until it has been silent
-``client_timeout_s``, so a ``step`` of more than ``max_envs_per_connection`` envs, or
-one from a new connection while ``max_connections`` are held, gets an ``error`` reply
-naming the count and the cap, and nothing is kept for it. ``zmqrl validate`` refuses a
-topology whose linked actors' connections (``envs`` split over ``lanes``; an MCTS
-actor's ``games`` per lane) or their number exceed these caps.
+``client_timeout_s``, so a ``step`` of more than ``max_envs_per_connection`` envs gets
+an ``error`` reply naming the count and the cap, and nothing is kept for it. A new
+connection while ``max_connections`` are held takes the place of one idle for
+``reclaim_idle_s`` (no step waiting here), or else gets an ``error`` with ``retry``: an actor that
+restarted or reconnected waits and asks again rather than crash. ``zmqrl validate``
+refuses a topology whose linked actors' connections (``envs`` split over ``lanes``; an
+MCTS actor's ``games`` per lane) exceed the first cap, or whose number exceeds half the
+second (the other half is room for reconnects while old connections expire).
 """
 
 from __future__ import annotations
@@ -74,8 +77,12 @@ class InferenceBroker(Node):
         checkpoint_every_s: float = 30.0
         # What one connection, and all of them, may hold (see the module docstring): a
         # step wider than this, or a connection beyond that many, gets an error reply.
-        max_envs_per_connection: int = 4096
+        max_envs_per_connection: int = 1024  # a learner's max_unroll_envs too
         max_connections: int = 256
+        # At max_connections, a connection with no step waiting here that said nothing
+        # for this long is forgotten to make room for a new one (an actor steps again
+        # within milliseconds of its reply).
+        reclaim_idle_s: float = 1.0
 
     @classmethod
     def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
@@ -83,7 +90,13 @@ class InferenceBroker(Node):
         steps (its ``envs`` argument) times the items one env's step completes."""
         served = []
         for other in topo.nodes.values():
-            if other.links.get("policy") != f"{spec.name}.policy" or other.target is None:
+            if other.links.get("policy") != f"{spec.name}.policy":
+                continue
+            if other.target is None:  # a command: client says its envs in its args, or
+                envs = other.args.get("envs")  # we cannot tell
+                if type(envs) is not int:
+                    return None
+                served.append(envs)
                 continue
             try:
                 served.append(int(load_class(other.target).Args(**other.args).envs))
@@ -123,11 +136,12 @@ class InferenceBroker(Node):
                   for name, (width, _) in sorted(widths.items())
                   if width > args.max_envs_per_connection]
         total = sum(count for _, count in widths.values())
-        if total > args.max_connections:
+        if 2 * total > args.max_connections:  # half is room for reconnects
             errors.append(((*where, "max_connections"),
                            f"the nodes linked to this broker open {total} connections "
-                           f"(replicas x lanes), more than its max_connections "
-                           f"{args.max_connections}"))
+                           f"(replicas x lanes), more than half its max_connections "
+                           f"{args.max_connections} (the other half is room for actors "
+                           "that reconnect while their old connections expire)"))
         return errors
 
     def setup(self) -> None:
@@ -196,12 +210,15 @@ class InferenceBroker(Node):
             self.refused += 1
             raise wire.ProtocolError(f"a step of {n} envs exceeds this broker's "
                                      f"max_envs_per_connection {self.args.max_envs_per_connection}")
-        if key not in self.behaviours and len(self.behaviours) >= self.args.max_connections:
+        if key not in self.behaviours and len(self.behaviours) >= self.args.max_connections \
+                and not self._forget_an_idle_connection():
+            # Told to ask again (an actor that restarted or reconnected is the usual
+            # newcomer here, and must not crash-loop while its old connections expire).
             self.refused += 1
-            raise wire.ProtocolError(f"a new connection would make {len(self.behaviours) + 1}, "
-                                     f"more than this broker's max_connections "
-                                     f"{self.args.max_connections} (a silent one is forgotten "
-                                     f"after client_timeout_s {self.args.client_timeout_s:g})")
+            self.send("policy", wire.encode(wire.ERROR, retry=True, error=(
+                f"a new connection would make {len(self.behaviours) + 1}, more than this "
+                f"broker's max_connections {self.args.max_connections}; ask again")), envelope)
+            return
         behaviour = self.behaviours.get(key)
         if behaviour is None or behaviour.n != n:  # a new connection starts afresh
             behaviour = self.behaviours[key] = self.behaviour_type(self._setup_for(key), n)
@@ -351,6 +368,21 @@ class InferenceBroker(Node):
     def teardown(self) -> None:
         if self.pool_checkpointer is not None:
             self.pool_checkpointer.save()
+
+    def _forget_an_idle_connection(self) -> bool:
+        """Make room for a new connection: forget the one heard from least recently
+        that has no step waiting here and has said nothing for ``reclaim_idle_s`` (an
+        actor steps again within milliseconds of its reply; a broker holding an actor
+        back holds its step, so that one is not idle). False if none is."""
+        cutoff = time.monotonic() - self.args.reclaim_idle_s
+        idle = [(seen, k) for k, seen in self.last_seen.items()
+                if seen < cutoff and k not in self.pending_keys]
+        if not idle:
+            return False
+        _, key = min(idle)
+        self.behaviours.pop(key, None)
+        del self.last_seen[key]
+        return True
 
     def _forget_silent_actors(self) -> None:
         cutoff = time.monotonic() - self.args.client_timeout_s

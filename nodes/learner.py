@@ -206,6 +206,7 @@ class Learner(Node):
             self.pbt = PBTMember(self, self.args.member, self.args.hyperparameters or {})
         self.updates = 0
         self.updates_skipped = 0  # updates with a step not taken: non-finite gradient norm
+        self._more_waiting = False  # the last turn stopped at _UPDATES_PER_TURN
         self.last_terms: dict[str, float] = {}
         self.digest: tuple[int, str] | None = None
         self.checkpointer = Checkpointer(
@@ -262,9 +263,11 @@ class Learner(Node):
         self.source.poll()
         # At most a few updates per loop turn: however much waits, pings and the
         # other ports are answered between them.
-        for _ in range(_UPDATES_PER_TURN):
+        self._more_waiting = False
+        for turn in range(_UPDATES_PER_TURN):
             if not self.updater.ready():
                 break
+            self._more_waiting = turn == _UPDATES_PER_TURN - 1
             batch = self.source.next_batch(self.updates)
             if batch is None:
                 break
@@ -359,9 +362,15 @@ class Learner(Node):
         return row
 
     def teardown(self) -> None:
-        self.save_checkpoint()
-        self.source.close()  # before the group goes: data-parallel peers hear the stop
-        self.updater.close()
+        try:
+            self.save_checkpoint()  # refuses non-finite parameters (state): then we exit 1
+        finally:
+            self.source.close()  # before the group goes: data-parallel peers hear the stop
+            self.updater.close()
+
+    def poll_timeout_ms(self) -> int:
+        # more batches wait than one turn trained on: come straight back for them
+        return 0 if self._more_waiting else super().poll_timeout_ms()
 
 
 def _rng_state() -> dict[str, Any]:

@@ -33,6 +33,7 @@ import numpy as np
 from zmqrl.bus import messages, roles, wire
 from zmqrl.bus.metrics import LatencyReservoir
 from zmqrl.bus.node import Link, Node, Outbox
+from zmqrl.parts.acting.remote import RETRY_S
 from zmqrl.run.topology import NodeSpec, Topology
 
 POLICIES = ("remote", "local")
@@ -192,6 +193,11 @@ class MCTSActor(Node):
         lane.sizes.append(n)
 
     def _on_act(self, lane: _Lane, msg: wire.Message) -> None:
+        if msg.type == wire.ERROR and msg.fields.get("retry") is True:
+            # the broker is full for now: ask again in a second (zmqrl.parts.acting.remote)
+            self.log_rejection(lane.socket, f"the inference broker: {msg.fields.get('error')}")
+            lane.sent_at = time.perf_counter() - self.args.request_timeout_s + RETRY_S
+            return
         self.expect_reply(msg, wire.ACT, "the inference broker")
         if lane.obs is None or msg.fields.get("seq") != lane.seq:
             return  # a late reply to a request we gave up on

@@ -152,11 +152,12 @@ class Replay(Node):
             sequence_length=getattr(topo.algo_config, "sequence_length", None))
         self.waiting_samples = WaitingSamples(a.max_waiting_per_peer, a.max_waiting)
         self.waiting_insert: tuple[list, wire.Message, int] | None = None
-        # The largest sample asked for (the algorithm's batch until one comes): what
-        # sizes the largest insert the rate limiter can always admit.
+        # The algorithm's batch: what sizes the largest insert the rate limiter can
+        # always admit (validate checked the producers' largest inserts against it).
         batch = getattr(topo.algo_config, "batch_size", 1)
         self.largest_batch = batch if type(batch) is int and batch >= 1 else 1
         self.refused_inserts = 0  # inserts too large to ever fit (error replies)
+        self.largest_insert_seen = 0  # items in the largest insert admitted
         self._mark = (time.monotonic(), 0, 0)
         self.sample_wait_s = 0.0  # time learners spent waiting for a sample
         self.insert_wait_s = 0.0  # time actors' inserts spent waiting
@@ -218,6 +219,7 @@ class Replay(Node):
         except ValueError as exc:  # fields that differ from the table's
             raise wire.ProtocolError(f"insert rejected: {exc}") from None
         self.limiter.on_insert(n)
+        self.largest_insert_seen = max(self.largest_insert_seen, n)
         self.grant_credit("experience", envelope)  # that actor may send its next insert
 
     # ----- samples and priorities ---------------------------------------------------
@@ -233,7 +235,15 @@ class Replay(Node):
         if batch_size > self.table.capacity:
             raise wire.ProtocolError(f"sample 'batch_size' must be at most the capacity, "
                                      f"{self.table.capacity}, got {batch_size}")
-        self.largest_batch = max(self.largest_batch, batch_size)
+        if batch_size > self.largest_batch:
+            # Larger than the algorithm's batch, which sizes the inserts we admit: it must
+            # still be servable beside the largest insert taken so far, or it would wait
+            # at the head of the queue for good, and every request behind it with it.
+            # (A request never changes what inserts are admitted: anyone can send one.)
+            try:
+                self.limiter.check_batch(batch_size, max(1, self.largest_insert_seen))
+            except ValueError as exc:
+                raise wire.ProtocolError(f"sample refused: {exc}") from None
         client = msg.fields.get("client")
         if client is not None and type(client) is not str:
             raise wire.ProtocolError(f"sample 'client' must be a str, got {client!r:.40}")

@@ -183,3 +183,22 @@ def test_largest_fitting_insert_solves_the_deadlock_rule():
     with pytest.raises(ValueError, match="deadlock"):
         limiter.check_batch(64, largest + 1)
     assert RateLimiter(10).largest_fitting_insert(64) is None  # no ratio: any size
+
+
+def test_no_sample_request_changes_what_inserts_are_admitted(processes, tmp_path):
+    """A foreign sample as large as the capacity sized the largest insert admitted:
+    after it, even a 1-item insert was refused, for good. Now such a sample is refused
+    itself (it could never be served beside the inserts taken), and inserts go on."""
+    replay = Replay(processes, tmp_path, topology(
+        tmp_path, capacity=50000, min_size=50, samples_per_insert=4.0,
+        error_buffer=2000.0)).start()
+    producer, forger = Client(replay.experience), Client(replay.sample)
+    try:
+        insert(producer, transitions(60))
+        reply = forger.request(wire.encode(wire.SAMPLE, batch_size=4000), timeout=60)
+        assert reply.type == wire.ERROR and "sample refused" in reply.fields["error"], reply
+        insert(producer, transitions(1, seed=3))  # a 1-item insert still goes in
+        insert(producer, transitions(12, seed=4))
+    finally:
+        producer.close()
+        forger.close()

@@ -63,10 +63,13 @@ MAX_BEHAVIOUR_ARGS, MAX_BEHAVIOUR_ARG = 32, 1e6
 # topology's ``env.max_abs_value`` (default below), known to every port's Context.
 DEFAULT_MAX_ABS_VALUE = 1e6
 POLICY_SUM_TOLERANCE = 1e-3
+RETURN_STEPS = 10**6  # an episode's return is bounded by max_abs_value over this many steps
 RULES: dict[str, str] = {
     "finite": "finite (no NaN or inf)",
     "bounded": "finite (no NaN or inf) and of magnitude at most the env's "
                f"`max_abs_value` (default {DEFAULT_MAX_ABS_VALUE:g})",
+    "return": "finite, of magnitude at most `max_abs_value` x 10^6 (a reward's bound "
+              "summed over a million steps)",
     "sign": "in [-1, 1]",
     "distribution": f"in [0, 1], each row summing to 1 (within {POLICY_SUM_TOLERANCE:g})",
     "nonneg": "finite and >= 0",
@@ -187,7 +190,7 @@ class MessageSpec:
 
 # ----- the declarations -------------------------------------------------------------
 _EP_STATS = (
-    Array("ep_return", "float32", ("k",), False, ("bounded",),
+    Array("ep_return", "float32", ("k",), False, ("return",),
           "undiscounted returns of the episodes that ended since the sender's last message"),
     Array("ep_length", "int32", ("k",), False, ("nonneg",), "their lengths in env steps"),
 )
@@ -626,6 +629,9 @@ class _Checker:
             # bool/uint8 arrays, pixels, are small by their dtype)
             return lambda a: a.dtype.kind in "bu" or bool(a.min() >= -limit and
                                                           a.max() <= limit)
+        if rule == "return":
+            most = limit * RETURN_STEPS
+            return lambda a: bool(a.min() >= -most and a.max() <= most)
         if rule == "sign":
             return lambda a: bool(((a >= -1) & (a <= 1)).all())
         if rule == "distribution":
@@ -828,7 +834,8 @@ def markdown() -> str:
            f"{DTYPE_SYMBOLS['obs']}, `action` {DTYPE_SYMBOLS['action']}, "
            f"`float` {DTYPE_SYMBOLS['float']}.", "",
            "Rules: " + "; ".join(f"`{r}`: {text}" for r, text in RULES.items())
-           + " (`action` for Box actions: finite floats, which may lie outside the bounds).",
+           + " (`action` for Box actions: floats as `bounded`, which may lie outside the "
+           "box: a policy's unclipped samples).",
            ""]
     for s in MESSAGES:
         title = f"`{s.type}`" + (f" ({s.variant})" if s.variant else "")

@@ -40,11 +40,16 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 # Python objects, of empty lists 64 MiB, of small negative ints 40 MiB. So decoding also
 # counts every list and map and their entries (_ObjectBudget, MAX_HEADER_OBJECTS) and
 # stops past the budget: the worst 1 MiB header then peaks at ~11 MiB (2-byte strings;
-# empty maps 5 MiB), for ~1 us more per decode (tests/test_wire_budget.py).
+# empty maps 5 MiB); headers under 32 KiB cannot reach the budget and are not counted
+# (tests/test_wire_budget.py).
 MAX_HEADER_BYTES = 1024 * 1024
 # Lists, maps and their entries in one header: a legitimate one holds a few per array
 # (its entry and shape) and per field, and a metrics report's returns are numpy arrays.
 MAX_HEADER_OBJECTS = 1 << 17
+# A byte of msgpack adds at most about two to the count (an empty map inside a list:
+# itself and its list entry), so a header shorter than this cannot exceed the budget
+# and is decoded without counting (every step and act: the hooks cost ~2 us a message).
+_BUDGET_FROM_BYTES = MAX_HEADER_OBJECTS // 4
 # msgpack nesting depth: the deepest legitimate header is a metrics row (map in map).
 _UNPACK_LIMITS = {
     # inline array data: a sender may inline any array (receivers must accept either
@@ -218,10 +223,14 @@ def decode(frames: list, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise ProtocolError(f"header of {len(raw_header)} bytes exceeds the limit of "
                             f"{MAX_HEADER_BYTES}")
     try:
-        budget = _ObjectBudget()
-        header = msgpack.unpackb(raw_header, raw=False, strict_map_key=True,
-                                 ext_hook=_no_ext, list_hook=budget.take,
-                                 object_hook=budget.take, **_UNPACK_LIMITS)
+        if len(raw_header) < _BUDGET_FROM_BYTES:  # cannot build past the budget: no hooks
+            header = msgpack.unpackb(raw_header, raw=False, strict_map_key=True,
+                                     ext_hook=_no_ext, **_UNPACK_LIMITS)
+        else:
+            budget = _ObjectBudget()
+            header = msgpack.unpackb(raw_header, raw=False, strict_map_key=True,
+                                     ext_hook=_no_ext, list_hook=budget.take,
+                                     object_hook=budget.take, **_UNPACK_LIMITS)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types on garbage

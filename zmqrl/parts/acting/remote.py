@@ -21,6 +21,9 @@ from zmqrl.bus import wire
 from zmqrl.bus.metrics import LatencyReservoir
 from zmqrl.parts.acting.envs import EpisodeTracker, final_obs
 
+# Seconds before asking again when the broker answers error with retry (it is full).
+RETRY_S = 1.0
+
 
 class Lane:
     """One group of a remote actor's envs with its own connection and request."""
@@ -87,6 +90,12 @@ class RemoteLanes:
         self._send_step(lane)
 
     def _on_act(self, lane: Lane, msg: wire.Message) -> None:
+        if msg.type == wire.ERROR and msg.fields.get("retry") is True:
+            # The broker is full for now (its connections cap): ask again in a second,
+            # as the request timeout would, rather than end the actor.
+            self.actor.log_rejection(lane.socket, f"the policy: {msg.fields.get('error')}")
+            lane.sent_at = time.perf_counter() - self.actor.args.request_timeout_s + RETRY_S
+            return
         self.actor.expect_reply(msg, wire.ACT, "the policy")
         if msg.fields.get("seq") != lane.seq:
             return  # a late reply to a request we already gave up on
