@@ -66,6 +66,7 @@ import zmq
 
 from zmqrl.bus import messages, wire
 from zmqrl.bus.messages import Array, MessageSpec
+from zmqrl.bus.status import pid_alive
 
 HUGE = 3e38  # below float32's largest (3.4e38): finite, and poison once squared
 KINDS = ("huge", "nonfinite", "out_of_range", "policy_rows", "oversized", "forged",
@@ -627,7 +628,7 @@ class Peer:
             now = time.monotonic()
             if now >= next_alive:
                 next_alive = now + 1.0
-                if watch_pid and not _alive(watch_pid):
+                if watch_pid and not pid_alive(watch_pid):
                     break
             if now >= next_ping:
                 next_ping = now + PING_EVERY_S
@@ -682,16 +683,6 @@ class Peer:
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(out)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def peer_main(argv: list[str] | None = None) -> None:

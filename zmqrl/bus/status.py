@@ -71,7 +71,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _pid_alive(pid: Any) -> bool:
+def pid_alive(pid: Any) -> bool:
+    """Whether process ``pid`` exists (someone else's counts)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -272,7 +273,7 @@ def snapshot(run_dir: Path, now: float | None = None) -> RunView:
         pass
     status_dir = run_dir / STATUS_DIR
     sup = _read_json(status_dir / SUPERVISOR_FILE)
-    sup_live = bool(sup) and _pid_alive(sup.get("pid")) and sup.get("host") == here \
+    sup_live = bool(sup) and pid_alive(sup.get("pid")) and sup.get("host") == here \
         and now - float(sup.get("updated_at", 0)) < SUPERVISOR_STALE_S
     supervisor = "none" if not sup else (f"pid {sup.get('pid')}" if sup_live else "gone")
     sup_nodes = (sup or {}).get("nodes") or {}
@@ -339,7 +340,7 @@ def _state(node: NodeView, data: dict[str, Any] | None, sup_node: dict[str, Any]
     if data.get("state") == "stopped":
         return "stopped"
     same_host = data.get("host") == here
-    gone = same_host and not _pid_alive(data.get("pid"))
+    gone = same_host and not pid_alive(data.get("pid"))
     if data.get("state") == "crashed" or gone:
         if sup_live:
             return "restarting"  # the supervisor has not noticed the exit yet

@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from zmqrl.bus.endpoints import private_dir, rendezvous_port
 from zmqrl.bus.spec import NodeSpec, TopologySpec
+from zmqrl.bus.status import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +80,6 @@ def _tcp_store(address: str, rank: int, world: int,
                          master_listen_fd=listener.detach())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
-
-
 def _generation(base: Path, rank: int) -> int:
     """The generation of ``base``'s file store this rank joins (see the module doc)."""
     state_file = base.with_name(f"{base.name}.json")
@@ -100,7 +91,7 @@ def _generation(base: Path, rank: int) -> int:
             joined = {str(r): int(pid) for r, pid in state["joined"].items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             generation, joined = 0, {}  # none yet, or unreadable: start afresh
-        if not joined or str(rank) in joined or not all(map(_alive, joined.values())):
+        if not joined or str(rank) in joined or not all(map(pid_alive, joined.values())):
             generation += 1
             joined = {}
             for old in base.parent.glob(f"{base.name}.*"):
