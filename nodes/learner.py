@@ -76,20 +76,31 @@ def params_digest(model: torch.nn.Module) -> str:
     return sha.hexdigest()[:16]
 
 
-def _unroll_producers(name: str, topo: Topology) -> list[tuple[str, int]]:
-    """(node, widest unroll it can send) for each node linked to ``name.experience``
-    that can tell (``Node.largest_insert``: its envs per message)."""
-    out = []
+def _unroll_producers(name: str, topo: Topology) -> list[tuple[str, int | None]]:
+    """(node, widest unroll it can send, None if it cannot tell) for each node linked
+    to ``name.experience`` (``Node.largest_insert``: its envs per message; a
+    ``command:`` node cannot tell)."""
+    out: list[tuple[str, int | None]] = []
     for other in topo.nodes.values():
-        if other.links.get("experience") != f"{name}.experience" or other.target is None:
+        if other.links.get("experience") != f"{name}.experience":
             continue
         try:
-            widest = load_class(other.target).largest_insert(other, topo)
+            widest = load_class(other.target).largest_insert(other, topo) \
+                if other.target is not None else None
         except (ImportError, AttributeError, TypeError, ValueError):
-            continue  # its own checks report it
-        if widest:
-            out.append((other.name, int(widest)))
+            widest = None  # its own checks report it
+        out.append((other.name, int(widest) if widest else None))
     return out
+
+
+def unroll_width_cap(spec: NodeSpec, topo: Topology, configured: int) -> int:
+    """The widest unroll the learner ``spec`` takes: its ``max_unroll_envs``, narrowed to
+    its widest producer when every producer can tell (an unroll wider than any of them
+    is no producer's: refused, however plausible its values)."""
+    widths = [envs for _, envs in _unroll_producers(spec.name, topo)]
+    if widths and all(w is not None for w in widths):
+        return min(configured, max(w for w in widths if w is not None))
+    return configured
 
 
 class Learner(Node):
@@ -160,7 +171,7 @@ class Learner(Node):
         widest = spec.args.get("max_unroll_envs", cls.Args.max_unroll_envs)
         if parts.unrolls and isinstance(widest, int):
             for producer, envs in _unroll_producers(spec.name, topo):
-                if widest < 1 or envs > widest:
+                if widest < 1 or (envs is not None and envs > widest):
                     return [(("nodes", spec.name, "args", "max_unroll_envs"),
                              f"{widest}: '{producer}' sends unrolls of up to {envs} envs")]
         precision = spec.args.get("precision", "float32")
@@ -198,6 +209,8 @@ class Learner(Node):
         self.algo = make_algo(self.cfg, self.model, **self.updater.algo_options,
                               **({"precision": precision} if precision != "float32" else {}))
         self.updater.bind(self.algo, self._after_update)
+        # what the source's inbox takes (unrolls): see unroll_width_cap
+        self.unroll_width_cap = unroll_width_cap(self.ctx.spec, topo, self.args.max_unroll_envs)
         self.source = self._make_source()
         self.pbt = None
         if "pbt" in self.ctx.spec.links:

@@ -268,3 +268,18 @@ def test_validate_refuses_producers_wider_than_the_learner_takes(tmp_path):
                             capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode != 0
     assert "sends unrolls of up to" in result.stdout + result.stderr
+
+
+def test_a_learner_takes_no_unroll_wider_than_its_widest_producer():
+    """seed.yaml's broker sends unrolls of its actors' 16 envs: the learner refuses one
+    of 17, however plausible (the soak's peers made up 1000-env unrolls, each worth
+    dozens of batches, and the return fell from 500 to 21)."""
+    from nodes.learner import unroll_width_cap
+    from zmqrl.run.topology import load
+
+    from conftest import REPO
+
+    topo = load(REPO / "topologies" / "seed.yaml")
+    assert unroll_width_cap(topo.nodes["learner"], topo, 1024) == 16
+    del topo.nodes["broker"].links["experience"]  # no producer that can tell: the arg
+    assert unroll_width_cap(topo.nodes["learner"], topo, 1024) == 1024

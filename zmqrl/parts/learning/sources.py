@@ -118,7 +118,7 @@ class UnrollInbox:
         what they receive (:class:`SharedUnrollInbox`)."""
         recurrent = getattr(learner.model, "recurrent", False)
         columns = learner.cfg.batch_size // learner.world
-        max_envs = learner.args.max_unroll_envs
+        max_envs = learner.unroll_width_cap
         if learner.world > 1:
             return SharedUnrollInbox(learner, learner.check, columns, learner.device,
                                      learner.ctx.replica, learner.world, recurrent, max_envs)
