@@ -87,7 +87,8 @@ class InferenceBroker(Node):
     @classmethod
     def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
         """One connection's worth: the most envs a node linked to our ``policy`` port
-        steps (its ``envs`` argument) times the items one env's step completes."""
+        steps (its ``envs`` argument) times the items one env's step completes; None
+        when no client is linked, or a ``command:`` client says no ``envs``."""
         served = []
         for other in topo.nodes.values():
             if other.links.get("policy") != f"{spec.name}.policy":
@@ -102,7 +103,9 @@ class InferenceBroker(Node):
                 served.append(int(load_class(other.target).Args(**other.args).envs))
             except (ImportError, AttributeError, TypeError, ValueError):
                 continue  # no envs argument to read (or its own errors, reported there)
-        return max(served, default=1) * topo.algo_config.items_per_env_step()
+        if not served:
+            return None  # no client linked in this topology: nothing to tell by
+        return max(served) * topo.algo_config.items_per_env_step()
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
