@@ -138,6 +138,14 @@ class Learner(Node):
         member: int = -1
         hyperparameters: dict | None = None
 
+    def port_frame_cap(self, port: str) -> int | None:
+        # A learner fed by a replay refuses every unroll: its experience port takes pings
+        # only, and a peer's megabytes need never reach its memory (the soak: 300 MiB
+        # of hostile unrolls queued at an Ape-X learner while it trained).
+        if port == "experience" and not self.ctx.topo.parts_config.unrolls:
+            return wire.CONTROL_FRAME_BYTES
+        return None
+
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         kind = topo.algo.get("kind", "vtrace")

@@ -14,6 +14,7 @@ and a broker loaded NaN parameters and acted on with them. Now:
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +284,67 @@ def test_a_learner_takes_no_unroll_wider_than_its_widest_producer():
     assert unroll_width_cap(topo.nodes["learner"], topo, 1024) == 16
     del topo.nodes["broker"].links["experience"]  # no producer that can tell: the arg
     assert unroll_width_cap(topo.nodes["learner"], topo, 1024) == 1024
+
+
+def test_a_replay_fed_learners_experience_port_takes_no_large_frame(tmp_path):
+    """A learner fed by a replay refuses every unroll, so its experience port takes pings
+    only: ZeroMQ drops a peer that announces a frame over wire.CONTROL_FRAME_BYTES
+    before any of it is buffered (the soak's hostile unrolls had queued 300 MiB at an
+    Ape-X learner while it trained), and the port goes on serving everyone else."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    raw = {"name": "capped", "env": {"id": "CartPole-v1"}, "model": {"kind": "dueling_mlp"},
+           "algo": {"kind": "dqn"},
+           "nodes": {"replay": {"kind": "replay"},
+                     "learner": {"kind": "learner", "links": {"replay": "replay.sample"},
+                                 "args": {"device": "cpu", "checkpoint_every": 0}}}}
+    learner = in_process(raw, "learner", tmp_path)
+    port = learner.sockets["experience"]
+    address = port.getsockopt(zmq.LAST_ENDPOINT).decode()
+    assert port.getsockopt(zmq.MAXMSGSIZE) == wire.CONTROL_FRAME_BYTES
+    ctx = zmq.Context.instance()
+    small = big = monitor = None
+    try:
+        # An honest mistake (a small unroll) is still answered with why.
+        small = ctx.socket(zmq.DEALER)
+        small.connect(address)
+        small.send_multipart(wire.encode(wire.UNROLL, {
+            "obs": np.zeros((UNROLL + 1, N, OBS), np.float32)}, version=0))
+        deadline = time.monotonic() + 10
+        while not port.poll(0):
+            assert time.monotonic() < deadline, "the small unroll never arrived"
+            time.sleep(0.01)
+        learner._drain(port)
+        assert small.poll(10_000), "no answer to a small unroll"
+        reply = wire.decode(small.recv_multipart())
+        assert reply.type == wire.ERROR and "takes no unrolls" in reply.fields["error"], \
+            reply.fields
+
+        # A 1 MiB frame: the learner's ZeroMQ drops the connection.
+        big = ctx.socket(zmq.DEALER)
+        monitor = big.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        big.connect(address)
+        big.send_multipart(wire.encode(wire.UNROLL, {
+            "obs": np.zeros((UNROLL + 1, 1024, 64), np.float32)}, version=0))
+        events, deadline = [], time.monotonic() + 10
+        while zmq.EVENT_DISCONNECTED not in events:
+            assert time.monotonic() < deadline, f"never dropped: events {events}"
+            if monitor.poll(100):
+                events.append(recv_monitor_message(monitor)["event"])
+        learner._drain(port)
+        assert not big.poll(200), "the large frame was read and answered"
+
+        # ... and the port still serves pings.
+        small.send_multipart(wire.encode(wire.PING))
+        deadline = time.monotonic() + 10
+        while not small.poll(0):
+            assert time.monotonic() < deadline, "no pong after the drop"
+            learner._drain(port)
+            time.sleep(0.01)
+        assert wire.decode(small.recv_multipart()).type == wire.PONG
+    finally:
+        for sock in (small, big, monitor):
+            if sock is not None:
+                sock.close(linger=0)
+        close(learner)

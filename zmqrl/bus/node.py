@@ -346,6 +346,13 @@ class Node:
         return []
 
     # ----- wiring -------------------------------------------------------------------
+    def port_frame_cap(self, port: str) -> int | None:
+        """The largest frame an honest peer sends to bound ``port``, where this node knows
+        one below the network's cap; None: the network's cap. It becomes the socket's
+        ZMQ_MAXMSGSIZE, so ZeroMQ drops a peer that announces a larger frame before
+        buffering it (called before :meth:`setup`: from the topology alone)."""
+        return None
+
     def _open_sockets(self) -> None:
         opts = self.socket_options
         bind_addresses = {port: self.ctx.endpoints.bind_address(self.ctx.spec.name, port,
@@ -360,8 +367,11 @@ class Node:
             address = bind_addresses[port]
             if address.startswith("ipc://"):
                 Path(address[6:]).unlink(missing_ok=True)  # a stale file from a dead process
-            port_opts = dataclasses.replace(opts, hwm=self.port_hwm.get(port, opts.hwm),
-                                            xpub=port in self.xpub_ports)
+            cap = self.port_frame_cap(port)
+            port_opts = dataclasses.replace(
+                opts, hwm=self.port_hwm.get(port, opts.hwm), xpub=port in self.xpub_ports,
+                max_frame_bytes=opts.max_frame_bytes if cap is None
+                else min(cap, opts.max_frame_bytes))
             sock = sockets.bind(self._zctx, kind, address, port_opts)
             if port in self.xpub_ports and type(self).on_subscribe is not Node.on_subscribe:
                 self._xpub[sock] = port

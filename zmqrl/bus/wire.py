@@ -33,6 +33,11 @@ INLINE_MAX_BYTES = 16 * 1024
 # Default cap for one message (all frames). Sockets also set ZMQ_MAXMSGSIZE per frame.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
+# Cap for a frame on a port that takes only control messages (ping, describe): ample for
+# their headers. A port that takes nothing else gets it as its ZMQ_MAXMSGSIZE
+# (Node.port_frame_cap), so a larger frame never gets buffered.
+CONTROL_FRAME_BYTES = 64 * 1024
+
 # Cap for the header frame, and for what msgpack may build from it. A header holds the
 # fields and the inline arrays (each at most INLINE_MAX_BYTES), so 1 MiB leaves room for
 # dozens of inline arrays (a model's state dict). Per-container limits alone do not
