@@ -74,16 +74,15 @@ class StepFailed(Exception):
 # ----- processes -----------------------------------------------------------------------
 def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
     """SIGTERM the process's group (zmqrl up and bench stop their nodes on it), then
-    SIGKILL whatever is left of it."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    SIGKILL whatever is left of it (``zmqrl.bus.lifetime``, as the supervisors do)."""
+    from zmqrl.bus.lifetime import end_group, signal_group
+
+    if signal_group(proc.pid, signal.SIGTERM):
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    end_group(proc.pid)
     proc.wait()
 
 

@@ -72,7 +72,8 @@ def main() -> None:
         learner = topology_learner(a, model)
         a.rollout, a.envs = learner.cfg.unroll, learner.cfg.batch_size
     envs = make_vector_env(env_cfg, a.envs, seed=a.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr, eps=1e-5)
+    # CleanRL's optimizer (--algo ppo); the topology's learner brings its own
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr, eps=1e-5) if learner is None else None
     a.out.mkdir(parents=True, exist_ok=True)
     log = csv.writer((a.out / "progress.csv").open("w", newline=""))
     log.writerow(["seconds", "env_steps", "frames", "updates", "episodes", "return_100",
@@ -90,7 +91,7 @@ def main() -> None:
     start = time.monotonic()
     n_updates = a.steps // (T * N)
     for update in range(n_updates):
-        for g in opt.param_groups:  # CleanRL anneals the lr to 0
+        for g in opt.param_groups if opt is not None else ():  # CleanRL anneals to 0
             g["lr"] = a.lr * (1 - update / n_updates)
         for t in range(T):
             with torch.no_grad():
