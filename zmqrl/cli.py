@@ -84,7 +84,11 @@ def _check_cores(topo: Topology, engine: str) -> None:
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True),
               help="Stop after this long (this invocation).")
 @click.option("--target-return", type=float,
-              help="Stop once the mean return of the last 100 episodes reaches this.")
+              help="Stop once the mean return of the last --target-window episodes reaches "
+                   "this.")
+@click.option("--target-window", type=click.IntRange(min=1), default=100, show_default=True,
+              metavar="N", help="The episodes --target-return (and the progress line's "
+                                "return) averages over.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local",
               show_default=True,
               help="local: every node on this machine. ray: every node replica placed on a "
@@ -106,7 +110,7 @@ def _check_cores(topo: Topology, engine: str) -> None:
 @_set_option
 def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
        max_steps: int | None, max_seconds: float | None, target_return: float | None,
-       engine: str, address: str | None, strategy: str, curve: bool | None,
+       target_window: int, engine: str, address: str | None, strategy: str, curve: bool | None,
        placement_timeout: float, sets: tuple[str, ...]) -> None:
     """Run every node of TOPOLOGY on this machine (or, with --engine ray, on a Ray
     cluster) until stopped.
@@ -136,7 +140,7 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo)
     check(directory)
     stop = launch.StopConditions(max_steps=max_steps, max_seconds=max_seconds,
-                                 target_return=target_return)
+                                 target_return=target_return, window=target_window)
     _check_cores(topo, engine)
     if engine == "ray":
         import importlib.util

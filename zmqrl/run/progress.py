@@ -80,7 +80,7 @@ class Progress:
         if stop.max_seconds:
             found.append((elapsed / stop.max_seconds, stop.max_seconds - elapsed))
         if stop.target_return is not None:
-            mean = run.mean_return()
+            mean = run.mean_return(stop.window)
             full = len(run.returns) >= stop.window and not math.isnan(mean)
             if stop.target_return > 0:  # a fraction of a negative target means nothing
                 found.append((max(mean, 0.0) / stop.target_return if full else 0.0, None))

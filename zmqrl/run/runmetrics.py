@@ -113,8 +113,9 @@ class RunMetrics:
         self.stop = stop
         self.run_dir = Path(run_dir)
         self.peers: dict[str, _Peer] = {}
-        self.returns: deque[float] = deque(maxlen=stop.window)
-        self.returns_20: deque[float] = deque(maxlen=20)
+        # the last 100 episodes' returns (the progress line's, run.csv's), or the
+        # target's window where it is longer
+        self.returns: deque[float] = deque(maxlen=max(100, stop.window))
         self.episodes = 0
         self.learner_row: dict[str, Any] = {}
         self.stepping_since: float | None = None  # elapsed s at the first env step seen
@@ -220,7 +221,6 @@ class RunMetrics:
             raise wire.ProtocolError(f"metrics 'env_steps' must be a number >= 0, "
                                      f"got {steps!r:.60}")
         self.returns.extend(episodes)
-        self.returns_20.extend(episodes)
         self.episodes += len(episodes) + msg.fields.get("episodes_more", 0)
         if steps is not None:
             if peer.role == roles.LEARNS:
@@ -268,9 +268,16 @@ class RunMetrics:
                 out[name] = out.get(name, 0.0) + value if pooling == "sum" else value
         return out
 
-    def mean_return(self, last: int | None = None) -> float:
-        values = self.returns_20 if last == 20 else self.returns
+    def mean_return(self, last: int = 100) -> float:
+        """The mean return of the last ``last`` episodes (of those there are)."""
+        values = list(self.returns)[-last:]
         return sum(values) / len(values) if values else math.nan
+
+    def target_reached(self) -> bool:
+        """Whether --target-return is reached over the last --target-window episodes."""
+        s = self.stop
+        return s.target_return is not None and len(self.returns) >= s.window \
+            and self.mean_return(s.window) >= s.target_return
 
     def stop_reason(self, elapsed_s: float) -> str | None:
         s = self.stop
@@ -283,10 +290,9 @@ class RunMetrics:
             return f"{s.max_stepping_seconds:g} s of stepping reached"
         if s.max_steps is not None and self.total_env_steps >= s.max_steps:
             return f"--max-steps {s.max_steps} reached"
-        if (s.target_return is not None and len(self.returns) >= s.window
-                and self.mean_return() >= s.target_return):
+        if self.target_reached():
             return (f"target return {s.target_return:g} reached: mean of the last "
-                    f"{s.window} episodes {self.mean_return():.1f}")
+                    f"{s.window} episodes {self.mean_return(s.window):.1f}")
         return None
 
     def log_row(self, elapsed_s: float) -> None:
