@@ -205,21 +205,26 @@ def test_behaviours_ship_n_step_transitions_with_priorities_from_the_acting_crit
 
 # ----- the topologies learn -------------------------------------------------------------
 
-# (topology, env id, target mean return of the last 20 episodes). Pendulum-v1: a random
-# policy averages about -1200, the bar is -300; InvertedPendulum-v5: 1000 is
-# every episode balanced to its time limit.
-RUNS = [(topo, env, target) for topo in ("apex_dpg", "seed_sac")
-        for env, target in (("Pendulum-v1", -300.0), ("InvertedPendulum-v5", 1000.0))]
+# (topology, env id, target mean return of the last 20 episodes, seconds). Pendulum-v1:
+# a random policy averages about -1200, the bar is -300 within 180 s (reached in
+# 30-35 s on a quiet machine). InvertedPendulum-v5: 1000 is every one of the last 20
+# episodes balanced to its time limit; reached in 120-180 s on a quiet machine, so a
+# loaded one gets 300.
+RUNS = [(topo, env, target, seconds) for topo in ("apex_dpg", "seed_sac")
+        for env, target, seconds in (("Pendulum-v1", -300.0, 180),
+                                     ("InvertedPendulum-v5", 1000.0, 300))]
 
 
-@pytest.mark.parametrize("name,env,target", RUNS, ids=[f"{t}-{e}" for t, e, _ in RUNS])
-def test_topology_retargeted_by_env_id_learns(name, env, target, processes, tmp_path):
+@pytest.mark.parametrize("name,env,target,seconds", RUNS,
+                         ids=[f"{t}-{e}" for t, e, _, _ in RUNS])
+def test_topology_retargeted_by_env_id_learns(name, env, target, seconds, processes,
+                                              tmp_path):
     path = REPO / "topologies" / f"{name}.yaml"
     run_dir, log = tmp_path / "run", tmp_path / "up.log"
     proc = processes.zmqrl("up", str(path), "--run-dir", str(run_dir), "--set",
                            f"env.id={env}", "--target-return", str(target),
-                           "--target-window", "20", "--max-seconds", "180", log=log)
-    assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
+                           "--target-window", "20", "--max-seconds", str(seconds), log=log)
+    assert proc.wait(timeout=seconds + 60) == 0, log.read_text()[-3000:]
     out = log.read_text()
     reached = re.search(rf"target return {target:g} reached: mean of the last 20 episodes "
                         r"(-?[\d.]+)", out)

@@ -390,8 +390,9 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 *_EP_STATS),
         constraints=(Together(("ep_return", "ep_length")),)),
     MessageSpec(
-        wire.INSERT, "n-step transitions for a replay (`dqn`).",
-        "actor → replay `experience`", variant="transitions", closed=True,
+        wire.INSERT, "n-step transitions for a replay (`dqn`; `td3` and `sac` with float "
+                     "actions).",
+        "actor or broker → replay `experience`", variant="transitions", closed=True,
         fields=(Field("version", "int", False, "nonneg", "parameter version acted with"),),
         arrays=(*_transitions(), _PRIORITY)),
     MessageSpec(
