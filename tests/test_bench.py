@@ -94,6 +94,19 @@ def test_stepping_seconds_count_from_the_first_env_step(tmp_path):
     assert run.stop_reason(600.0) == "--max-seconds 600 reached"
 
 
+def test_target_return_averages_over_its_window_and_the_100_mean_stays_100(tmp_path):
+    """``--target-window 20``: the target is judged on the last 20 episodes, while the
+    progress line's and run.csv's return(100) still averages the last 100."""
+    run = RunMetrics(load(str(REPO / "topologies" / "seed.yaml")),
+                     StopConditions(target_return=-300.0, window=20), tmp_path)
+    run.returns.extend([-1000.0] * 19)
+    assert run.stop_reason(1.0) is None  # 19 episodes: not yet a window
+    run.returns.extend([-1000.0] * 81 + [-250.0] * 20)
+    assert run.mean_return(20) == -250.0 and run.mean_return() == -1000.0 * 0.8 - 50.0
+    assert run.stop_reason(2.0) == ("target return -300 reached: mean of the last 20 "
+                                    "episodes -250.0")
+
+
 def test_bench_measures_a_topology_whose_actors_act_locally(processes, tmp_path):
     """Issue 29, Low 10: apex.yaml's actors act locally with a Q-network into a replay;
     the limit acts through the same behaviour, and the actors' own rows give the rate
