@@ -65,7 +65,7 @@ def test_actions_stay_inside_the_box_and_critics_see_them_in_unit_scale():
     sac = GaussianActorTwinQ(PENDULUM, hidden=[32], init_alpha=0.5)
     sampled, logp = sac.sample(obs)
     assert float(sampled.detach().abs().max()) <= 2.0 and torch.isfinite(logp).all()
-    assert math.isclose(float(sac.log_alpha.exp()), 0.5, rel_tol=1e-6)
+    assert math.isclose(float(sac.log_alpha.detach().exp()), 0.5, rel_tol=1e-6)
 
 
 def test_a_discrete_env_is_refused_naming_the_model(tmp_path):
@@ -127,7 +127,7 @@ def test_sac_lowers_alpha_while_the_policy_is_more_random_than_its_target():
     learner = SACLearner(SACConfig(alpha_lr=1e-2, target_entropy=-5.0), model)
     for i in range(20):
         terms, _ = learner.update(batch(seed=i))
-    assert terms["entropy"] > -5.0 and float(model.log_alpha) < 0.0
+    assert terms["entropy"] > -5.0 and float(model.log_alpha.detach()) < 0.0
 
 
 def test_a_learners_state_restores_its_targets_optimizer_and_counter():

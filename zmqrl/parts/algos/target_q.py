@@ -13,7 +13,27 @@ import torch
 from zmqrl.parts.algos import gradients
 
 
-class TargetQLearner:
+class TargetCheckpoint:
+    """The checkpoint state of a learner with an ``optimizer``, a ``target_model`` and
+    an ``updates`` counter (the Q-learners here; TD3 and SAC, zmqrl.parts.continuous)."""
+
+    optimizer: Any
+    target_model: torch.nn.Module
+    updates: int
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs besides the model: optimizer, the target network and
+        the update counter that times its next sync."""
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                "target_model": self.target_model.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.target_model.load_state_dict(state["target_model"])
+        self.updates = int(state["updates"])
+
+
+class TargetQLearner(TargetCheckpoint):
     def __init__(self, cfg: Any, model: torch.nn.Module):
         self.cfg = cfg
         self.model = model
@@ -30,17 +50,6 @@ class TargetQLearner:
 
     def sync_target(self) -> None:
         self.target_model.load_state_dict(self.model.state_dict())
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs besides the model: optimizer, the target network and
-        the update counter that times its next sync."""
-        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                "target_model": self.target_model.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.target_model.load_state_dict(state["target_model"])
-        self.updates = int(state["updates"])
 
     def gradients(self, batch: dict[str, torch.Tensor]
                   ) -> tuple[list[torch.Tensor], dict[str, float], torch.Tensor]:

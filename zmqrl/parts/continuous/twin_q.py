@@ -1,6 +1,7 @@
 """What the TD3 and SAC learners share: twin critics regressed on a target with
 importance weights, new priorities from their TD errors, Polyak-averaged targets, one
-optimizer whose parameter groups step separately, and the checkpoint state.
+optimizer whose parameter groups step separately, and the checkpoint state
+(``TargetCheckpoint``, as the Q-learners').
 
 One Adam with a group per network (critics, policy, SAC's temperature): PBT sets a
 learner's ``optimizer``'s learning rates as one, and each step below gives gradients
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from zmqrl.parts.algos import gradients
+from zmqrl.parts.algos.target_q import TargetCheckpoint
 
 
 def polyak(target: list[torch.Tensor], online: list[torch.Tensor], tau: float) -> None:
@@ -36,7 +38,7 @@ def as_batch(batch: dict[str, Any]) -> tuple[torch.Tensor, ...]:
             batch["next_obs"], weights)
 
 
-class TwinQLearner:
+class TwinQLearner(TargetCheckpoint):
     """A subclass defines :meth:`targets` (the critics' regression target, no grad) and
     :meth:`policy_step` (its policy's update, every ``policy_delay`` critic updates)."""
 
@@ -97,15 +99,6 @@ class TwinQLearner:
 
     def target_params(self) -> list[torch.Tensor]:
         return self.target_model.critic_parameters()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                "target_model": self.target_model.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.target_model.load_state_dict(state["target_model"])
-        self.updates = int(state["updates"])
 
 
 @torch.no_grad()
