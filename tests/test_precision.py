@@ -72,7 +72,7 @@ def test_validate_names_a_precision_a_node_cannot_run():
 
 def _forward(setup: ActingSetup, family: str, obs: np.ndarray) -> dict[str, np.ndarray]:
     """One act_batched over two connections; what each behaviour's forward returned."""
-    cls = behaviour_for(family)
+    cls = behaviour_for(setup.cfg)  # the algorithm's own: a family may have several
     seen: list[dict[str, np.ndarray]] = []
     record = cls.record
 
