@@ -11,8 +11,11 @@ ship — unrolls for the learner, sequences for a replay (SEED's R2D2) — goes 
 parameters the learner publishes.
 
 ``mode: sync`` (A2C / Accel RL): wait until every actor linked to us has a request in
-(or ``sync_timeout_ms`` passed), and after shipping a rollout act again only with the
-parameters trained on it.
+(or ``sync_timeout_ms`` passed), and once every connection in the batch has shipped a
+rollout since the parameters it holds, act again only with the parameters trained on
+those rollouts. Connections whose rollouts end at different steps (an actor that
+started late or restarted) are not made to wait for parameters the learner cannot make
+yet: the early one acts on, at most one unroll behind, until the rest have shipped.
 
 Backpressure: if the consumer stops taking items, they wait in a small outbox; once
 that holds ``max_outbox`` the broker stops reading actor requests, so actors block
@@ -173,7 +176,9 @@ class InferenceBroker(Node):
         self.behaviours: dict[bytes, Behaviour] = {}  # per actor connection
         self.last_seen: dict[bytes, float] = {}
         self.sync = self.args.mode == "sync"
-        self.awaiting_version = 0
+        # Sync mode: connections that shipped a rollout the learner has not answered yet
+        # (cleared by each new parameter version, or given up after sync_timeout_ms).
+        self.unanswered: set[bytes] = set()
         self.expected_actors = self._expected_actors()
         self.params = ParamsFollower(self.model, self)
         self._latest_params: wire.Message | None = None
@@ -240,7 +245,7 @@ class InferenceBroker(Node):
             # started the actor: the broker is the one node that sees every connection.
             self.pooled_episodes.add(msg["ep_return"], msg["ep_length"])
             self.episode_log.extend(msg["ep_return"].tolist())
-        self._ship(behaviour.take())
+        self._ship(behaviour.take(), key)
         if not self.pending:
             self.first_pending_at = time.perf_counter()
         self.pending.append((envelope, msg, behaviour))
@@ -275,10 +280,14 @@ class InferenceBroker(Node):
         return self.pending_envs >= self.args.max_batch
 
     def _stale_params(self) -> bool:
-        """Sync mode: after shipping a rollout, act again only with the parameters the
-        learner made from it (strictly on-policy A2C). A learner that never answers
-        costs ``sync_timeout_ms`` per step, not a deadlock."""
-        return self.version < self.awaiting_version
+        """Sync mode: once every connection waiting here has shipped a rollout since
+        the parameters it holds, act again only with the parameters the learner makes
+        from them (strictly on-policy A2C). Waiting for fewer would stall whenever
+        rollouts end at different steps: the learner needs all of them for its batch,
+        and the rest cannot ship while we wait, so each update would cost
+        ``sync_timeout_ms`` (seen in CI: an actor slow to start put 1 s on every update).
+        A learner that never answers costs ``sync_timeout_ms`` per rollout."""
+        return bool(self.unanswered) and self.pending_keys <= self.unanswered
 
     def poll_timeout_ms(self) -> int:
         if self.pending and self._wait_budget_ms() > 0:
@@ -295,6 +304,8 @@ class InferenceBroker(Node):
         waited_ms = (time.perf_counter() - self.first_pending_at) * 1e3
         if not self._batch_ready() and waited_ms < self._wait_budget_ms():
             return
+        if self.sync and self._stale_params():
+            self.unanswered.clear()  # given up on (timed out): the next rollouts wait anew
         while self.pending:
             batch, envs = [], 0
             while self.pending and (not batch or envs + self.pending[0][2].n
@@ -320,7 +331,7 @@ class InferenceBroker(Node):
         self.batch_envs += envs
 
     # ----- shipping -----------------------------------------------------------------
-    def _ship(self, items: list) -> None:
+    def _ship(self, items: list, key: bytes) -> None:
         if not self.ship:
             return  # nothing linked to take them (e.g. acting-only benchmarks)
         for item in items:
@@ -328,7 +339,7 @@ class InferenceBroker(Node):
                 self.pooled_episodes.attach(item.arrays)
             self.outbox.push(wire.encode(item.type, item.arrays, **item.fields))
             if self.sync and "params" in self.sockets:
-                self.awaiting_version = self.version + 1
+                self.unanswered.add(key)
         if items:
             self._update_backpressure()
 
@@ -341,10 +352,10 @@ class InferenceBroker(Node):
 
     def _load_params(self) -> None:
         msg, self._latest_params = self._latest_params, None
-        held = self.params.version
-        if msg is not None and self.params.offer(msg) and self.params.version < held:
-            # a restarted learner: do not wait for versions it lost
-            self.awaiting_version = min(self.awaiting_version, self.params.version)
+        if msg is not None and self.params.offer(msg):
+            # The answer to the rollouts shipped so far (or a restarted learner's first
+            # parameters: it lost those rollouts, so waiting on them would be in vain).
+            self.unanswered.clear()
 
     @property
     def version(self) -> int:
@@ -382,16 +393,18 @@ class InferenceBroker(Node):
                 if seen < cutoff and k not in self.pending_keys]
         if not idle:
             return False
-        _, key = min(idle)
-        self.behaviours.pop(key, None)
-        del self.last_seen[key]
+        self._forget(min(idle)[1])
         return True
 
     def _forget_silent_actors(self) -> None:
         cutoff = time.monotonic() - self.args.client_timeout_s
         for key in [k for k, seen in self.last_seen.items() if seen < cutoff]:
-            self.behaviours.pop(key, None)
-            del self.last_seen[key]
+            self._forget(key)
+
+    def _forget(self, key: bytes) -> None:
+        self.behaviours.pop(key, None)
+        self.unanswered.discard(key)
+        del self.last_seen[key]
 
     def metrics(self) -> dict:
         p50, p99 = self.latency.percentiles_ms()
