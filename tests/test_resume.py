@@ -136,7 +136,10 @@ def test_resume_publishes_the_saved_parameters_and_trains_on(processes, tmp_path
     for name, tensor in saved["model"].items():
         expected = tensor.numpy()
         assert msg[name].dtype == expected.dtype and msg[name].tobytes() == expected.tobytes()
-    assert f"resumed from {checkpoint} at update {n}" in log_text(run_dir, "learner")
+    # The supervisor copies a node's output into its log file from a thread of its own: the
+    # line may land after the parameters the learner published once it had logged it.
+    resumed = f"resumed from {checkpoint} at update {n}"
+    wait_for(lambda: resumed in log_text(run_dir, "learner"), 30, f"'{resumed}' in the log")
 
     # Its metrics continue from update n (never below), and it trains on.
     wait_for(lambda: updates_at_least(run_dir, n + 3, rows_before), 60,
