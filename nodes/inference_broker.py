@@ -38,8 +38,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from zmqrl.bus import messages, roles, wire
 from zmqrl.bus.metrics import LatencyReservoir
 from zmqrl.bus.node import Link, Node, Outbox
@@ -155,6 +153,7 @@ class InferenceBroker(Node):
         # ports), and a node that runs no model must not load torch.
         import torch
 
+        from zmqrl.parts.acting.q_learning import replay_samples_by_priority
         from zmqrl.parts.devices import resolve_precision
         from zmqrl.parts.models import build_model, pick_device
 
@@ -170,9 +169,12 @@ class InferenceBroker(Node):
         self.cfg = cfg
         self.unroll = getattr(cfg, "unroll", 0)  # (for the log line and tests)
         self.step_check = messages.Context.from_env(self.spec)
-        self.step_spec = messages.spec(wire.STEP)
-        # Most steps end no episode by a time limit: one empty array serves them all.
-        self.no_final_obs = np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
+        # the step its behaviour's requesters send (a plug-in's behaviour may declare its own)
+        self.step_spec = messages.spec(wire.STEP, self.behaviour_type.step_variant)
+        # Inserts carry priorities only for a replay that samples by them (two more
+        # forward passes per step otherwise spent for nothing).
+        self.priorities = replay_samples_by_priority(
+            topo, self.ctx.spec.links.get("experience", ""))
         self.behaviours: dict[bytes, Behaviour] = {}  # per actor connection
         self.last_seen: dict[bytes, float] = {}
         self.sync = self.args.mode == "sync"
@@ -233,13 +235,7 @@ class InferenceBroker(Node):
         self.last_seen[key] = time.monotonic()
         # Outcomes are recorded on arrival, so an unroll this request completes ships
         # before we act on it (in sync mode: before we wait for new params).
-        truncated = msg.arrays.get("truncated")
-        if truncated is None:
-            truncated = np.zeros(n, np.bool_)
-        final_obs = msg.arrays.get("final_obs")
-        behaviour.outcome(msg["reward"], msg["done"], truncated,
-                          self.no_final_obs if final_obs is None else final_obs)
-        behaviour.observe(msg["obs"], msg.fields)
+        behaviour.observe_step(msg)
         if "ep_return" in msg.arrays:
             # For the learner's metrics and the run's return (the supervisor's), whoever
             # started the actor: the broker is the one node that sees every connection.
@@ -256,7 +252,7 @@ class InferenceBroker(Node):
         """Each connection explores with its own random stream."""
         seed = self.ctx.topo.seed + len(self.behaviours) + 1
         return ActingSetup(self.spec, self.model, self.cfg, self.args.epsilon, seed,
-                           precision=self.precision)
+                           priorities=self.priorities, precision=self.precision)
 
     def on_params(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.PARAMS:

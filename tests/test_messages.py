@@ -280,3 +280,59 @@ def test_the_module_prints_the_tables():
     assert out == messages.markdown()
     for spec in messages.MESSAGES:
         assert f"#### `{spec.type}`" in out
+
+
+@pytest.fixture
+def declared(monkeypatch):
+    """Install MessageSets as if plug-ins registered them in ``zmqrl.messages``."""
+    import dataclasses
+
+    from zmqrl import plugins
+
+    sets: dict[str, messages.MessageSet] = {}
+    real_names, real_resolve = plugins.names, plugins.resolve
+    monkeypatch.setattr(plugins, "names", lambda part: sorted(sets) if part == "messages"
+                        else real_names(part))
+    monkeypatch.setattr(plugins, "resolve", lambda part, name, *a: sets[name]
+                        if part == "messages" else real_resolve(part, name, *a))
+    monkeypatch.setattr(messages, "SYMBOLS", dict(messages.SYMBOLS))
+    messages.registered.cache_clear()
+    yield sets, dataclasses.replace
+    messages.registered.cache_clear()
+
+
+def test_a_plugin_declares_its_own_item_kind_and_symbols(declared):
+    sets, _ = declared
+    marbles = messages.MessageSpec(
+        wire.INSERT, "marbles", variant="marbles", closed=True,
+        arrays=(messages.Array("obs", "obs", ("B", "*obs")),
+                messages.Array("colour", "int8", ("B", "Q"))))
+    sets["marbles"] = messages.MessageSet((marbles,), symbols={"Q": ("colours", 1)})
+    assert messages.spec(wire.INSERT, "marbles") is marbles
+    assert "`Q` colours (≥ 1)" in messages.markdown() and "marbles" in messages.markdown()
+    ctx = messages.Context.from_env(env_spec({"id": "CartPole-v1"}))
+    good = wire.decode(wire.encode(wire.INSERT, {"obs": np.zeros((2, 4), np.float32),
+                                                 "colour": np.zeros((2, 3), np.int8)}))
+    assert messages.check(good, marbles, ctx)["Q"] == 3
+    with pytest.raises(KeyError, match="variants of 'insert': marbles, positions, "):
+        messages.spec(wire.INSERT, "pebbles")
+
+
+@pytest.mark.parametrize("clash, error", [
+    ("key", "'insert/transitions' is declared twice"),
+    ("symbol", "shape symbol 'B' is already declared"),
+    ("type", "'teleport' is not a wire message type"),
+])
+def test_a_plugin_cannot_redeclare_what_exists(declared, clash, error):
+    from zmqrl import plugins
+
+    sets, replace = declared
+    ours = messages.SPECS["insert/transitions"]  # (spec() would load the sets now)
+    if clash == "key":
+        sets["bad"] = messages.MessageSet((replace(ours, doc="mine now"),))
+    elif clash == "symbol":
+        sets["bad"] = messages.MessageSet((), symbols={"B": ("bricks", 1)})
+    else:
+        sets["bad"] = messages.MessageSet((replace(ours, type="teleport"),))
+    with pytest.raises(plugins.PluginError, match=f"messages 'bad': {re.escape(error)}"):
+        messages.spec(wire.INSERT, "transitions")

@@ -34,6 +34,9 @@ GROUPS = {
     "source": "zmqrl.sources",  # a learner's data source class (zmqrl.parts.learning.sources)
     "updater": "zmqrl.updaters",  # a learner's updater class (zmqrl.parts.learning.updaters)
     "node": "zmqrl.nodes",  # a zmqrl.bus.node.Node subclass
+    # a zmqrl.bus.messages.MessageSet: an algorithm's own message variants (its replay
+    # items, its acting) and their shape symbols
+    "messages": "zmqrl.messages",
 }
 
 

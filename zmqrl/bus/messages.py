@@ -19,6 +19,7 @@ context knows (``T``, ``L``, ``H``, ``*obs``, ``*action``) are bound before the 
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -245,7 +246,9 @@ def _positions(*extra: Array) -> tuple[Array, ...]:
 
 _PRIORITY = Array("priority", "float32", ("B",), False, ("nonneg",),
                   "initial raw priorities (without: the largest seen so far)")
-_BATCH_HEAD = (
+# What every ``batch`` variant starts with (a plug-in's item kinds too: its MessageSet
+# builds its batch variant from this and REPLAY_SOURCE).
+BATCH_HEAD = (
     Array("key", "int64", ("B",), doc="the items' keys, for `priorities`"),
     Array("weight", "float32", ("B",), rules=("unit",),
           doc="importance weights (1 without prioritized sampling)"),
@@ -265,7 +268,7 @@ _UNROLL_ARRAYS = (
 _INCARNATION = Field("incarnation", "str", False,
                      doc="the answering process's id: a new one means it restarted "
                          "(a producer recounts its credit, protocol §11)")
-_REPLAY_SOURCE = Field("source", "str", False,
+REPLAY_SOURCE = Field("source", "str", False,
                        doc="the replay's incarnation (its keys mean nothing to another)")
 _PBT_MEMBER = Field("member", "int", rule="nonneg", doc="the member's index")
 _PBT_HYPER = Field("hyperparameters", "map", doc="name → value (`algo` fields; `lr` also "
@@ -414,14 +417,14 @@ MESSAGES: tuple[MessageSpec, ...] = (
                       doc="the asking process; its requests from older connections are "
                           "dropped"))),
     MessageSpec(wire.BATCH, "Sampled transitions.", "replay → learner",
-                variant="transitions", fields=(_REPLAY_SOURCE,),
-                arrays=_transitions(*_BATCH_HEAD)),
+                variant="transitions", fields=(REPLAY_SOURCE,),
+                arrays=_transitions(*BATCH_HEAD)),
     MessageSpec(wire.BATCH, "Sampled sequences.", "replay → learner",
-                variant="sequences", fields=(_REPLAY_SOURCE,),
-                arrays=_sequences(*_BATCH_HEAD)),
+                variant="sequences", fields=(REPLAY_SOURCE,),
+                arrays=_sequences(*BATCH_HEAD)),
     MessageSpec(wire.BATCH, "Sampled positions.", "replay → learner",
-                variant="positions", fields=(_REPLAY_SOURCE,),
-                arrays=_positions(*_BATCH_HEAD)),
+                variant="positions", fields=(REPLAY_SOURCE,),
+                arrays=_positions(*BATCH_HEAD)),
     MessageSpec(
         wire.PRIORITIES, "New priorities for sampled items; no reply on success.",
         "learner → replay `sample`",
@@ -501,9 +504,58 @@ if len(SPECS) != len(MESSAGES) or not {s.type for s in MESSAGES} <= wire.MESSAGE
     raise RuntimeError("messages: duplicate or unknown message declarations")
 
 
+# ----- declarations a plug-in adds ----------------------------------------------------
+@dataclass(frozen=True)
+class MessageSet:
+    """Message declarations an algorithm adds to the protocol: new variants of the wire's
+    types (its replay items as ``insert``/``batch`` variants, its acting as ``step``/
+    ``act`` variants) and the shape symbols they use. Registered like any part, as an
+    entry point of the ``zmqrl.messages`` group naming a module-level ``MessageSet``
+    (:mod:`zmqrl.plugins`); zmqrl's own algorithms beyond the core register theirs the
+    same way (MuZero's: ``zmqrl.parts.muzero.messages``)."""
+
+    messages: tuple[MessageSpec, ...]
+    symbols: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+@functools.cache
+def registered() -> dict[str, MessageSpec]:
+    """Every declaration: the core's (:data:`MESSAGES`) and each registered
+    :class:`MessageSet`'s, by key (``type/variant``). A set's shape symbols join
+    :data:`SYMBOLS`. A set that redeclares a key or a symbol differently, or declares
+    a type the wire does not carry, is an error naming it (loaded once, when a port
+    first asks)."""
+    from zmqrl import plugins  # (zmqrl.plugins imports nothing of the bus)
+
+    found = dict(SPECS)
+    for name in plugins.names("messages"):
+        extra = plugins.resolve("messages", name)
+        if not isinstance(extra, MessageSet):
+            raise plugins.PluginError(f"messages '{name}' is not a MessageSet")
+        for sym, meaning in extra.symbols.items():
+            if SYMBOLS.setdefault(sym, meaning) != meaning:
+                raise plugins.PluginError(f"messages '{name}': shape symbol {sym!r} is "
+                                          f"already declared as {SYMBOLS[sym][0]!r}")
+        for s in extra.messages:
+            if s.type not in wire.MESSAGE_TYPES:
+                raise plugins.PluginError(f"messages '{name}': {s.type!r} is not a wire "
+                                          "message type")
+            if found.setdefault(s.key, s) is not s:
+                raise plugins.PluginError(f"messages '{name}': {s.key!r} is declared twice")
+    return found
+
+
 def spec(msg_type: str, variant: str = "") -> MessageSpec:
-    """The declaration of ``msg_type`` (and ``variant``, e.g. ``insert``/``sequences``)."""
-    return SPECS[f"{msg_type}/{variant}" if variant else msg_type]
+    """The declaration of ``msg_type`` (and ``variant``, e.g. ``insert``/``sequences``),
+    the core's or a registered plug-in's; KeyError naming what is known."""
+    key = f"{msg_type}/{variant}" if variant else msg_type
+    known = registered()
+    if key not in known:
+        variants = sorted(k.partition("/")[2] for k in known if k.startswith(f"{msg_type}/"))
+        raise KeyError(f"no message '{key}' is declared (variants of '{msg_type}': "
+                       f"{', '.join(variants) or 'none'}; a plug-in declares its own in "
+                       "the zmqrl.messages group)")
+    return known[key]
 
 
 # ----- the context a port checks against --------------------------------------------
@@ -831,7 +883,9 @@ def _shape_text(shape: tuple) -> str:
 
 
 def markdown() -> str:
-    """The tables of docs/protocol.md §5, generated from :data:`MESSAGES`."""
+    """The tables of docs/protocol.md §5, generated from every registered declaration
+    (:func:`registered`: the core's, then the plug-ins')."""
+    specs = registered()  # (first: a plug-in's shape symbols join SYMBOLS)
     out = ["Shape symbols bind on first use within a message and must agree afterwards: "
            + "; ".join(f"`{s}` {text} (≥ {least})" for s, (text, least) in SYMBOLS.items())
            + ". `*obs` and `*action` stand for the env's observation and action shapes "
@@ -842,7 +896,7 @@ def markdown() -> str:
            + " (`action` for Box actions: floats as `bounded`, which may lie outside the "
            "box: a policy's unclipped samples).",
            ""]
-    for s in MESSAGES:
+    for s in specs.values():
         title = f"`{s.type}`" + (f" ({s.variant})" if s.variant else "")
         out += [f"#### {title}", "", f"{s.direction}. {s.doc}".strip(), ""]
         if s.fields:
@@ -884,7 +938,11 @@ def write_into(path: str) -> None:
 
 if __name__ == "__main__":
     # python -m zmqrl.bus.messages: print the tables; --write docs/protocol.md: update them
+    # Through the imported module, not this __main__ copy: a plug-in's MessageSet is
+    # an instance of zmqrl.bus.messages.MessageSet, which this copy's class is not.
+    from zmqrl.bus import messages as _module
+
     if sys.argv[1:2] == ["--write"]:
-        write_into(sys.argv[2])
+        _module.write_into(sys.argv[2])
     else:
-        sys.stdout.write(markdown())
+        sys.stdout.write(_module.markdown())

@@ -135,8 +135,9 @@ def errors(topo: Topology) -> Errors:
             messages.spec(wire.INSERT, parts.items)
             messages.spec(wire.BATCH, parts.items)
         except (KeyError, ValueError):
-            found.append((("parts", "items"), f"'{parts.items}' is no item kind zmqrl.bus.messages "
-                                              "declares (insert and batch variants)"))
+            found.append((("parts", "items"), f"'{parts.items}' is no item kind declared "
+                                              "(insert and batch variants, in zmqrl.bus."
+                                              "messages or a plug-in's MessageSet)"))
     found += _model_errors(topo, cfg)
     return found + _node_errors(topo)
 

@@ -106,6 +106,10 @@ class Behaviour:
     # Whether a connection's steps are env steps (an actor's envs). A search's leaf
     # evaluations are not: the broker counts those as evaluations, not env steps.
     steps_envs: ClassVar[bool] = True
+    # The ``step`` variant its requester sends (``zmqrl.bus.messages``; "" the plain
+    # one): a behaviour whose requests carry other arrays (MuZero's search queries)
+    # declares its own in a MessageSet and reads them in :meth:`observe_step`.
+    step_variant: ClassVar[str] = ""
 
     def __init__(self, setup: ActingSetup, n: int):
         self.setup = setup
@@ -123,6 +127,18 @@ class Behaviour:
         if self.acted:
             self.acted = False
             self._outcome(reward, done, truncated, final_obs)
+
+    def observe_step(self, msg: Any) -> None:
+        """A requester's ``step`` (a ``zmqrl.bus.wire.Message``, checked against
+        :attr:`step_variant`): the outcome of the last actions, then the new observations
+        (what the inference broker calls; a local actor calls :meth:`outcome` and
+        :meth:`observe` itself)."""
+        truncated, final = msg.arrays.get("truncated"), msg.arrays.get("final_obs")
+        if truncated is None:  # most steps end no episode by a time limit
+            truncated = np.zeros(self.n, np.bool_)
+            final = np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
+        self.outcome(msg["reward"], msg["done"], truncated, final)
+        self.observe(msg["obs"], msg.fields)
 
     def observe(self, obs: np.ndarray, fields: dict[str, Any] | None = None) -> None:
         """The current observations ([n, *obs_shape]) and the step's header fields."""

@@ -19,12 +19,16 @@ from zmqrl.parts.envs import EnvSpec
 
 UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
 STATE_KEYS = ("state_h", "state_c")  # unrolls of a recurrent policy (lstm_ac)
-TRANSITION_KEYS = ("obs", "action", "reward", "discount", "next_obs")
-SEQUENCE_KEYS = ("obs", "action", "reward", "done", "state_h", "state_c")
-POSITION_KEYS = ("obs", "policy", "outcome")
-# What a learner trains on of each replay item kind (``algo_config.REPLAY_ITEMS``).
-ITEM_KEYS = {"transitions": TRANSITION_KEYS, "sequences": SEQUENCE_KEYS,
-             "positions": POSITION_KEYS}
+
+
+def item_keys(items: str) -> tuple[str, ...]:
+    """What a learner trains on of replay item kind ``items``: the arrays its ``batch``
+    variant declares besides the batch's own head (``key``, ``weight``) and the episode
+    statistics. Read from the declaration (the core's or a plug-in's MessageSet), so a
+    new item kind needs no table here."""
+    head = {a.name for a in messages.BATCH_HEAD} | {"ep_return", "ep_length"}
+    return tuple(a.name for a in messages.spec(wire.BATCH, items).arrays
+                 if a.name not in head)
 
 
 def context(env: EnvSpec, model: torch.nn.Module, *, unroll: int | None = None,

@@ -31,11 +31,11 @@ from zmqrl.bus import messages, wire
 from zmqrl.bus.metrics import EpisodeStats
 from zmqrl.parts.devices import HostToDevice
 from zmqrl.parts.learning.checks import (
-    ITEM_KEYS,
     STATE_KEYS,
     UNROLL_KEYS,
     check_batch,
     check_unroll,
+    item_keys,
 )
 from zmqrl.parts.learning.connection import DisconnectWatch
 
@@ -348,7 +348,7 @@ class ReplayClient:
         self.to_device = HostToDevice(device)  # pinned, non-blocking copies on CUDA
         self.items = items  # the item kind (Parts.items): an insert/batch variant
         self.link = link
-        self.keys = ITEM_KEYS[items]
+        self.keys = item_keys(items)
         self.batches: deque[wire.Message] = deque()
         self.in_flight = 0
         self.rejected = 0  # batches that failed the checks
