@@ -1,0 +1,66 @@
+"""The ``muzero`` algorithm's hyperparameters (a topology's ``algo`` section) and the parts
+it is made of. No torch here: every node reads its config.
+
+MuZero (Schrittwieser et al. 2020) for single-player envs with discrete actions: actors
+search in the learned model (``latent_search``) and store, per position, the actions,
+rewards, n-step value targets and search visit distributions of the ``unroll_steps``
+that follow (``search_targets``) in a replay; the learner unrolls the model along them
+(``zmqrl.parts.muzero.learner``). Defaults are the paper's (Appendix B–G), scaled down
+where the paper's were for Atari on TPUs (simulations, batch size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from zmqrl.parts.algo_config import SEARCH, AlgoConfig
+from zmqrl.parts.bounds import ranged
+
+
+@dataclass
+class MuZeroConfig(AlgoConfig):
+    """Hyperparameters of MuZero: the search the actors run, the targets they build and
+    the learner's unrolled loss."""
+
+    kind: str = "muzero"
+    family: ClassVar[str] = SEARCH
+    learner: ClassVar[str] = "zmqrl.parts.muzero.learner:MuZeroLearner"
+    items: ClassVar[str] = "search_targets"
+    behaviour: ClassVar[str] = "latent_search"
+    source: ClassVar[str] = "replay"
+    model_interface: ClassVar[str | None] = "muzero"
+    # Search (zmqrl.parts.muzero.search, MuZero's pUCT with min-max normalized Q).
+    num_simulations: int = ranged(25, ge=1)  # simulations per move (paper: 50 on Atari)
+    # Discount of rewards, in the search's backups and in the n-step value targets.
+    discount: float = ranged(0.997, ge=0, le=1)
+    # pUCT exploration: pb_c_init + log((N + pb_c_base + 1) / pb_c_base) weighs the prior.
+    pb_c_base: float = ranged(19652.0, gt=0)
+    pb_c_init: float = ranged(1.25, ge=0)
+    dirichlet_alpha: float = ranged(0.25, gt=0)  # root noise Dir(alpha) over the actions ...
+    # ... mixed into the root priors with this weight (0: no noise)
+    dirichlet_fraction: float = ranged(0.25, ge=0, le=1)
+    # Actions are drawn in proportion to N^(1/temperature) of the root's visits;
+    # 0: the most visited action.
+    temperature: float = ranged(1.0, ge=0)
+    # Targets: K, the steps the learner unrolls the dynamics past each position, and the
+    # n of the n-step value target z_t = sum_{i<n} gamma^i u_{t+i} + gamma^n v_{t+n}
+    # (v the search's root value; the sum stops at an episode's end).
+    unroll_steps: int = ranged(5, ge=1)
+    td_steps: int = ranged(10, ge=1)
+    # Learner.
+    batch_size: int = ranged(128, ge=1)  # positions (each with K unrolled steps) per update
+    lr: float = ranged(1e-3, gt=0)  # Adam
+    # L2 penalty on the weights (biases excluded), added to the loss: weight_decay * sum w^2.
+    weight_decay: float = ranged(1e-4, ge=0)
+    # Weight of the value cross-entropy (the paper's 0.25 for reanalysed Atari).
+    value_cost: float = ranged(0.25, ge=0)
+    max_grad_norm: float = ranged(5.0, gt=0)  # global gradient-norm clip of each step
+    # New priorities: |v - z| of the first step (predicted value vs its target) plus this.
+    priority_eps: float = ranged(1e-3, ge=0)
+
+    def items_per_env_step(self) -> int:
+        # One position per env step. (An episode's end completes the targets of the
+        # positions still waiting for their n-step values at once; nothing reads this
+        # method today to size a replay's insert.)
+        return 1
