@@ -17,6 +17,14 @@ that names another ``source`` than ours is stale: skipped and counted
 an error (a learner should not fail over a replay restart). Learners echo the batch's
 ``source`` in their ``priorities``.
 
+A **reviser** (a reanalyse node, e.g. MuZero Reanalyse) rewrites stored items with
+fresher targets: a ``sample`` with ``revise: true`` is answered at once with items drawn
+uniformly, outside the rate limiter and every counter (the learners' ratio stays
+theirs), and ``revise`` (``key``, the revised arrays, ``source``) overwrites the arrays of
+the items still held. What may be revised is the item kind's ``revise`` declaration
+(``zmqrl.bus.messages``: a plug-in's MessageSet declares it); keys of another
+incarnation, or evicted since, are skipped and counted (``stale_revisions``).
+
 The rate limiter decides when each may happen. A sample it refuses waits here (the
 learner simply gets its reply later); an insert it refuses waits too, and while one
 waits we stop reading ``experience``, so the actors' outboxes fill and they pause. So
@@ -44,6 +52,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from zmqrl.bus import messages, wire
 from zmqrl.bus.node import Node
 from zmqrl.parts import algo_config, bounds
@@ -61,7 +71,8 @@ _LIMITER_PREFIX = "limiter/"  # rate limiter counters in the checkpoint; the res
 
 class Replay(Node):
     binds = {"experience": "router", "sample": "router"}
-    accepts = {"experience": (wire.INSERT,), "sample": (wire.SAMPLE, wire.PRIORITIES)}
+    accepts = {"experience": (wire.INSERT,),
+               "sample": (wire.SAMPLE, wire.PRIORITIES, wire.REVISE)}
     port_hwm = {"experience": 16}
     metrics_interval_s = 1.0
 
@@ -147,6 +158,15 @@ class Replay(Node):
         parts = topo.parts_config
         items = "transitions" if parts.unrolls else parts.items
         self.insert_spec = messages.spec(wire.INSERT, items)
+        # What a reviser (a reanalyse node) may rewrite of the items: the item kind's
+        # ``revise`` variant, where its declarations have one.
+        self.items = items
+        try:
+            self.revise_spec: messages.MessageSpec | None = messages.spec(wire.REVISE, items)
+        except KeyError:
+            self.revise_spec = None
+        self.peek_rng = np.random.default_rng(topo.seed + 7)
+        self.revised = self.stale_revisions = 0  # items rewritten; for evicted keys
         self.checks = messages.Context.from_env(
             env_spec(topo.env),
             sequence_length=getattr(topo.algo_config, "sequence_length", None))
@@ -227,14 +247,21 @@ class Replay(Node):
         if msg.type == wire.PRIORITIES:
             self._priorities(msg)
             return
+        if msg.type == wire.REVISE:
+            self._revise(msg)
+            return
         if msg.type != wire.SAMPLE:
-            raise wire.ProtocolError(f"sample port takes '{wire.SAMPLE}' or "
-                                     f"'{wire.PRIORITIES}', not '{msg.type}'")
+            raise wire.ProtocolError(f"sample port takes '{wire.SAMPLE}', "
+                                     f"'{wire.PRIORITIES}' or '{wire.REVISE}', not "
+                                     f"'{msg.type}'")
         messages.check(msg, _SAMPLE, self.checks)
         batch_size = msg.fields["batch_size"]
         if batch_size > self.table.capacity:
             raise wire.ProtocolError(f"sample 'batch_size' must be at most the capacity, "
                                      f"{self.table.capacity}, got {batch_size}")
+        if msg.fields.get("revise") is True:
+            self._peek(envelope, batch_size)
+            return
         if batch_size > self.largest_batch:
             # Larger than the algorithm's batch, which sizes the inserts we admit: it must
             # still be servable beside the largest insert taken so far, or it would wait
@@ -271,6 +298,40 @@ class Replay(Node):
             self.table.update_priorities(keys, prios)
         except ValueError as exc:  # keys we never issued
             raise wire.ProtocolError(f"priorities rejected: {exc}") from None
+
+    # ----- revisions (a reanalyse node) -------------------------------------------------
+    def _peek(self, envelope: list, batch_size: int) -> None:
+        """A reviser's sample: answered now, uniform, outside the rate limiter (what
+        it revises is not trained on by it; the learners' ratio stays theirs)."""
+        if self.revise_spec is None:
+            raise wire.ProtocolError(f"this replay's items ({self.items}) declare no "
+                                     f"'{wire.REVISE}' variant: nothing of them can be revised")
+        least = max(batch_size, self.limiter.min_size_to_sample)
+        if self.table.size < least:
+            self.send("sample", wire.encode(wire.ERROR, retry=True, error=(
+                f"{self.table.size} items held, fewer than {least}; ask again")), envelope)
+            return
+        sample = self.table.peek(batch_size, self.peek_rng)
+        arrays = {"key": sample.keys, "weight": sample.weights, **sample.items}
+        self.send("sample", wire.encode(wire.BATCH, arrays, source=self.incarnation), envelope)
+
+    def _revise(self, msg: wire.Message) -> None:
+        if self.revise_spec is None:
+            raise wire.ProtocolError(f"this replay's items ({self.items}) declare no "
+                                     f"'{wire.REVISE}' variant: nothing of them can be revised")
+        messages.check(msg, self.revise_spec, self.checks)
+        source = msg.fields.get("source")
+        keys = msg["key"]
+        if source != self.incarnation:
+            self.stale_revisions += int(keys.shape[0])  # another incarnation's keys
+            return
+        arrays = {k: v for k, v in msg.arrays.items() if k != "key"}
+        try:
+            applied = self.table.revise(keys, arrays)
+        except ValueError as exc:
+            raise wire.ProtocolError(f"revise rejected: {exc}") from None
+        self.revised += applied
+        self.stale_revisions += int(keys.shape[0]) - applied
 
     def after_poll(self) -> None:
         if self.waiting_insert is not None:
@@ -360,6 +421,8 @@ class Replay(Node):
             "insert_wait_s": round(self.insert_wait_s, 3),
             "waiting_dropped": self.waiting_samples.dropped,
             "stale_priority_updates": self.table.stale_priority_updates,
+            "revised": self.revised,
+            "stale_revisions": self.stale_revisions,
             "restored_items": self.restored_items,
             "checkpoint_s": round(self.checkpointer.last_save_s if self.checkpointer else 0.0, 4),
         }

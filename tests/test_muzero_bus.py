@@ -35,27 +35,33 @@ def _last(run_dir, label: str, column: str) -> float:
     return float(rows[-1][column]) if rows else 0.0
 
 
-def test_minatar_queries_cross_the_broker_and_survive_its_restart(processes, tmp_path):
-    """muzero_minatar.yaml, scaled down: uint8 pixels go to the broker as root queries,
-    positions reach the replay and the learner updates. Then the broker is killed: the
+def test_minatar_queries_cross_the_broker_and_survive_its_restart_and_reanalyse_s(
+        processes, tmp_path):
+    """muzero_minatar.yaml, scaled down, with a reanalyse node added in YAML: uint8 pixels
+    go to the broker as root queries, positions reach the replay, the learner updates
+    and the reanalyse node revises stored targets. Then the broker is killed: the
     actors' next queries name latents the new broker does not hold, so they search the
-    move again from the roots, and acting and learning go on."""
+    move again from the roots, and acting and learning go on. Then the reanalyse node
+    is killed: restarted, it revises on, and the replay lost no item."""
     path = _topology(tmp_path, "muzero_minatar.yaml", **{
-        "algo.num_simulations": 4, "algo.batch_size": 32,
+        "algo.num_simulations": 4, "algo.batch_size": 32, "algo.reanalyse": True,
         "nodes.replay.args.min_size": 100, "nodes.actor.replicas": 1,
-        "nodes.actor.args": {"envs": 8, "lanes": 2, "max_insert_positions": 64}})
+        "nodes.actor.args": {"envs": 8, "lanes": 2, "max_insert_positions": 64},
+        "nodes.reanalyse": {"kind": "reanalyse", "args": {"batch_size": 8},
+                            "links": {"replay": "replay.sample",
+                                      "params": "learner.params"}}})
     run_dir = tmp_path / "run"
-    proc = processes.zmqrl("up", path, "--run-dir", str(run_dir), "--max-seconds", "150",
+    proc = processes.zmqrl("up", path, "--run-dir", str(run_dir), "--max-seconds", "200",
                            log=tmp_path / "up.log")
 
     def log() -> str:
         return (tmp_path / "up.log").read_text()[-4000:]
 
-    wait_for(lambda: _last(run_dir, "learner", "updates") >= 3 or proc.poll() is not None,
-             100, "three learner updates")
+    wait_for(lambda: _last(run_dir, "replay", "revised") >= 16 or proc.poll() is not None,
+             120, "three learner updates and a revision")
     assert proc.poll() is None, log()
     assert _last(run_dir, "broker", "evaluations") > 0 and \
-        _last(run_dir, "replay", "inserts") >= 100, log()
+        _last(run_dir, "learner", "updates") >= 1, log()
     os.kill(pid_of(run_dir, "broker"), signal.SIGKILL)
     wait_for(lambda: _last(run_dir, "actor", "search_restarts") >= 1, 40,
              "the actor searching again from its roots")
@@ -63,9 +69,14 @@ def test_minatar_queries_cross_the_broker_and_survive_its_restart(processes, tmp
     wait_for(lambda: _last(run_dir, "actor", "simulations") > sims + 500
              and _last(run_dir, "learner", "updates") > updates, 40,
              "simulations and updates after the broker's restart")
-    assert "the broker lost this lane's latents" in log() or "searching the move again" \
-        in log(), log()
-    for label in ("actor", "broker", "replay", "learner"):
+    size, revised = _last(run_dir, "replay", "size"), _last(run_dir, "replay", "revised")
+    os.kill(pid_of(run_dir, "reanalyse"), signal.SIGKILL)
+    wait_for(lambda: _last(run_dir, "replay", "revised") > revised + 16, 60,
+             "revisions from the restarted reanalyse node")
+    # a new incarnation did it
+    assert (tmp_path / "up.log").read_text().count("reanalyse: up (incarnation") >= 2, log()
+    assert _last(run_dir, "replay", "size") >= size  # nothing lost
+    for label in ("actor", "broker", "replay", "learner", "reanalyse"):
         assert _last(run_dir, label, "bad_messages") == 0, (label, log())
     assert proc.poll() is None, log()
 

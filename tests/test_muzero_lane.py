@@ -70,6 +70,28 @@ def test_targets_at_a_terminal_end_and_a_time_limit():
     np.testing.assert_allclose(item["value"][:, 0], [2.5, 2.5, 1 + 0.5 * 4])
 
 
+@pytest.mark.parametrize("end", ["running", "terminal", "time limit"])
+def test_reanalyse_data_recomputes_the_value_targets(end):
+    """With ``reanalyse``, an item carries what recomputing its value targets takes:
+    partial_return + bootstrap_discount * v(obs_bootstrap) is the target, for the value
+    v the actor's search gave each observation (here obs row t holds t, ν_t = 10 (t + 1))."""
+    targets = Targets(1, A, unroll_steps=2, td_steps=2, discount=0.5, reanalyse=True)
+    count = 7
+    _add(targets, [float(t + 1) for t in range(count)], [10.0 * (t + 1) for t in range(count)])
+    if end != "running":
+        targets.end(0, truncated=end == "time limit")
+    item = targets.take()
+    t_of = item["obs_bootstrap"][..., 0]  # the position each target bootstraps from
+    z = item["partial_return"] + item["bootstrap_discount"] * 10.0 * (t_of + 1)
+    np.testing.assert_allclose(z, item["value"], rtol=1e-6)
+    mask = item["mask"]
+    np.testing.assert_array_equal(item["obs_unroll"][..., 0],
+                                  np.where(mask[:, 1:], item["obs"][:, :1] + [1, 2], 0))
+    assert (item["bootstrap_discount"][~mask] == 0).all()
+    if end == "terminal":  # the last position bootstraps from nothing
+        assert item["bootstrap_discount"][-1, 0] == 0
+
+
 def _fake_answers(query: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     n = len(query["root"])
     return np.zeros((n, A), np.float32), np.zeros(n, np.float32), np.ones(n, np.float32)

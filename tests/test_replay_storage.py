@@ -561,3 +561,25 @@ def test_waiting_samples_bounded_per_peer_per_client_and_in_all() -> None:
     waiting.add(Request([b"a"], 9))
     waiting.add(Request([b"a"], 10))  # peer a's count restarted after it was dropped
     assert [r.batch_size for r in waiting._queue] == [6, 7, 8, 9, 10]
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized", "fifo"])
+def test_a_reviser_peeks_without_moving_anything_and_revises_held_items(sampler: str) -> None:
+    """A reanalyse node's peek moves no counter, beta schedule or fifo position; its
+    revisions overwrite the items still held and skip the evicted."""
+    table = ReplayTable(capacity=4, sampler=sampler, seed=0)
+    table.insert({"v": np.arange(6, dtype=np.float32)})  # keys 2..5 held
+    before = (table.samples, table.size, table.beta)
+    peek = table.peek(8, np.random.default_rng(0))
+    assert set(peek.keys.tolist()) <= {2, 3, 4, 5}
+    np.testing.assert_array_equal(peek.items["v"], peek.keys.astype(np.float32))
+    assert (table.samples, table.size, table.beta) == before
+    assert table.revise(np.array([1, 3]), {"v": np.array([-1.0, -3.0], np.float32)}) == 1
+    assert table.peek(64, np.random.default_rng(1)).items["v"][
+        table.peek(64, np.random.default_rng(1)).keys == 3].tolist()[0] == -3.0
+    with pytest.raises(ValueError, match="field 'w' is not one of the table's"):
+        table.revise(np.array([3]), {"w": np.zeros(1, np.float32)})
+    with pytest.raises(ValueError, match="field 'v': needs float32"):
+        table.revise(np.array([3]), {"v": np.zeros(1, np.float64)})
+    with pytest.raises(ValueError, match="keys must be ones this table issued"):
+        table.revise(np.array([9]), {"v": np.zeros(1, np.float32)})

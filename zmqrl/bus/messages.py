@@ -415,7 +415,11 @@ MESSAGES: tuple[MessageSpec, ...] = (
                       doc="items wanted (at most the replay's capacity)"),
                 Field("client", "str", False,
                       doc="the asking process; its requests from older connections are "
-                          "dropped"))),
+                          "dropped"),
+                Field("revise", "bool", False,
+                      doc="true: a reviser's peek (a reanalyse node), answered at once "
+                          "with items drawn uniformly, outside the rate limiter and "
+                          "every counter; `error` with `retry` while fewer are held"))),
     MessageSpec(wire.BATCH, "Sampled transitions.", "replay → learner",
                 variant="transitions", fields=(REPLAY_SOURCE,),
                 arrays=_transitions(*BATCH_HEAD)),

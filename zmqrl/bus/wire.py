@@ -86,6 +86,7 @@ INSERT = "insert"  # actor -> replay: batch-major items (+ optional ``priority``
 SAMPLE = "sample"  # learner -> replay: request ``batch_size`` items; reply ``batch``
 BATCH = "batch"  # replay -> learner: ``key``, ``weight`` and the items' arrays
 PRIORITIES = "priorities"  # learner -> replay: ``key`` and new ``priority`` arrays
+REVISE = "revise"  # reviser (reanalyse) -> replay: ``key`` and fresh arrays of held items
 GRADS = "grads"  # worker/learner -> parameter server: one array per parameter; reply params
 GET_PARAMS = "get_params"  # anyone -> parameter server: reply ``params``
 CREDIT = "credit"  # consumer -> producer of experience: ``n`` more messages may be sent
@@ -100,7 +101,7 @@ PBT_LOAD = "pbt_load"  # pbt -> recipient learner: a donor's state and new hyper
 PBT_LOADED = "pbt_loaded"  # recipient learner -> pbt: loaded (its new parameter version)
 
 MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS,
-                           INSERT, SAMPLE, BATCH, PRIORITIES, GRADS, GET_PARAMS, CREDIT,
+                           INSERT, SAMPLE, BATCH, PRIORITIES, REVISE, GRADS, GET_PARAMS, CREDIT,
                            ERROR, DESCRIBE, DESCRIPTION, PBT_REPORT, PBT_GET_STATE,
                            PBT_STATE, PBT_LOAD, PBT_LOADED})
 

@@ -23,12 +23,12 @@ STATE_KEYS = ("state_h", "state_c")  # unrolls of a recurrent policy (lstm_ac)
 
 def item_keys(items: str) -> tuple[str, ...]:
     """What a learner trains on of replay item kind ``items``: the arrays its ``batch``
-    variant declares besides the batch's own head (``key``, ``weight``) and the episode
-    statistics. Read from the declaration (the core's or a plug-in's MessageSet), so a
-    new item kind needs no table here."""
-    head = {a.name for a in messages.BATCH_HEAD} | {"ep_return", "ep_length"}
+    variant requires besides the batch's own head (``key``, ``weight``); optional arrays
+    are for other readers (a reanalyse node). Read from the declaration (the core's or a
+    plug-in's MessageSet), so a new item kind needs no table here."""
+    head = {a.name for a in messages.BATCH_HEAD}
     return tuple(a.name for a in messages.spec(wire.BATCH, items).arrays
-                 if a.name not in head)
+                 if a.required and a.name not in head)
 
 
 def context(env: EnvSpec, model: torch.nn.Module, *, unroll: int | None = None,

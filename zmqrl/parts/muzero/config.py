@@ -48,6 +48,11 @@ class MuZeroConfig(AlgoConfig):
     # (v the search's root value; the sum stops at an episode's end).
     unroll_steps: int = ranged(5, ge=1)
     td_steps: int = ranged(10, ge=1)
+    # Items also carry what a reanalyse node needs to recompute their targets with newer
+    # parameters (nodes/reanalyse.py): the observations at t+1..t+K and at each value
+    # target's bootstrap, and the reward sums and discounts of the value targets.
+    # Several times an item's observation bytes: off unless a reanalyse node runs.
+    reanalyse: bool = False
     # Learner.
     batch_size: int = ranged(128, ge=1)  # positions (each with K unrolled steps) per update
     lr: float = ranged(1e-3, gt=0)  # Adam

@@ -12,7 +12,10 @@ the ``zmqrl.messages`` entry-point group of zmqrl's pyproject.toml).
   the reward predicted (0 at a root), as scalars (the broker inverts the support).
 * ``insert``/``search_targets`` and ``batch``/``search_targets``: a position and the
   targets of the ``K`` steps unrolled from it (actions, rewards, n-step values, visit
-  distributions), with a mask that ends them where the episode ended.
+  distributions), with a mask that ends them where the episode ended; with
+  ``algo.reanalyse``, also what recomputing them takes.
+* ``revise``/``search_targets`` (reanalyse → replay): fresh value and policy targets
+  for held items, by key.
 """
 
 from __future__ import annotations
@@ -47,6 +50,17 @@ def _targets(*head: Array) -> tuple[Array, ...]:
               doc="the search's visit distributions at t..t+K (uniform past the end)"),
         Array("mask", "bool", ("B", "K+1"),
               doc="position t+k lies inside the episode (`mask[:, 0]` true)"),
+        # What a reanalyse node re-searches (`algo.reanalyse`): z = partial_return +
+        # bootstrap_discount * v(obs_bootstrap) recomputes `value` with any network.
+        Array("obs_unroll", "obs", ("B", "K", "*obs"), False, ("bounded",),
+              "reanalyse: the observations at t+1..t+K (zeros past the episode's end)"),
+        Array("obs_bootstrap", "obs", ("B", "K+1", "*obs"), False, ("bounded",),
+              "reanalyse: the observation each value target bootstraps from (zeros where "
+              "none)"),
+        Array("partial_return", "float32", ("B", "K+1"), False, ("bounded",),
+              "reanalyse: the reward sum of each value target"),
+        Array("bootstrap_discount", "float32", ("B", "K+1"), False, ("unit",),
+              "reanalyse: the discount of each value target's bootstrap (0: none)"),
     )
 
 
@@ -95,7 +109,18 @@ MESSAGES = MessageSet(
                     Array("priority", "float32", ("B",), False, ("nonneg",),
                           "initial priorities: |search value - value target| at t"))),
         MessageSpec(wire.BATCH, "Sampled positions with their unroll targets.",
-                    "replay → learner", variant=SEARCH_TARGETS, fields=(REPLAY_SOURCE,),
-                    arrays=_targets(*BATCH_HEAD)),
+                    "replay → learner or reanalyse", variant=SEARCH_TARGETS,
+                    fields=(REPLAY_SOURCE,), arrays=_targets(*BATCH_HEAD)),
+        MessageSpec(
+            wire.REVISE, "Targets recomputed with newer parameters (MuZero Reanalyse); "
+            "no reply on success.", "reanalyse → replay `sample`", variant=SEARCH_TARGETS,
+            closed=True,
+            fields=(Field("source", "str", doc="the `source` of the batch the keys came "
+                                               "from (another incarnation's are skipped)"),),
+            arrays=(Array("key", "int64", ("B",), doc="keys from a `batch`"),
+                    Array("value", "float32", ("B", "K+1"), rules=("bounded",),
+                          doc="new n-step value targets"),
+                    Array("policy", "float32", ("B", "K+1", "A"), rules=("distribution",),
+                          doc="new visit distributions"))),
     ),
 )

@@ -20,6 +20,9 @@ a few hundred thousand parameters at the defaults.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -141,3 +144,21 @@ class MuZeroConv(MuZeroNet):
             nn.Conv2d(c, channels, 3, padding=1), nn.ReLU(),
             nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(),
             nn.Flatten(), nn.Linear(channels * height * width, latent_size))
+
+
+def numpy_inference(model: MuZeroNet) -> tuple[Any, Any]:
+    """The model's initial and recurrent inference as numpy functions
+    (``zmqrl.parts.muzero.search.Initial``/``Recurrent``): a search in this process
+    (``search.search``: the reanalyse node, benchmarks) calls them."""
+    device = next(model.parameters()).device
+
+    def initial(obs: np.ndarray) -> tuple[np.ndarray, ...]:
+        out = model.initial_inference(torch.as_tensor(obs, device=device))
+        return tuple(t.float().cpu().numpy() for t in out)
+
+    def recurrent(latent: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, ...]:
+        out = model.recurrent_inference(torch.as_tensor(latent, device=device),
+                                        torch.as_tensor(action, device=device))
+        return tuple(t.float().cpu().numpy() for t in out)
+
+    return initial, recurrent

@@ -19,6 +19,8 @@ t..t+K-1, the visit distributions of t..t+K and the n-step value targets
 
 (ν the search's root value; the sum stops at a terminal state). It is shipped once
 t+K+n has been searched, or the episode ended: as soon as its targets are final.
+With ``reanalyse`` it also carries what recomputing its targets takes (the observations
+of the unroll and of each value target's bootstrap, the reward sums and discounts).
 An episode cut by a time limit bootstraps from the value of its last searched
 position (the final observation is never searched). Its priority is |ν_t - z_t|.
 """
@@ -47,12 +49,18 @@ class _Episode:
     shipped: int = 0  # episode index of the first position not yet shipped
 
 
+def _expand(mask: np.ndarray, dims: int) -> np.ndarray:
+    """``mask`` with ``dims`` trailing axes of size 1 (to select whole observations)."""
+    return mask.reshape(*mask.shape, *(1,) * dims)
+
+
 class Targets:
     """Positions of ``n`` envs' episodes → ``search_targets`` items (module docstring)."""
 
     def __init__(self, n: int, num_actions: int, unroll_steps: int, td_steps: int,
-                 discount: float):
+                 discount: float, reanalyse: bool = False):
         self.k, self.td, self.discount = unroll_steps, td_steps, discount
+        self.reanalyse = reanalyse
         self.num_actions = num_actions
         self.episodes = [_Episode() for _ in range(n)]
         self.ready: list[dict[str, np.ndarray]] = []
@@ -95,7 +103,8 @@ class Targets:
         rewards = np.asarray(ep.reward, np.float64)
         values = np.asarray(ep.value, np.float64)
         length = len(rewards)  # rows held
-        z = self._value_targets(rewards, values, ended and not truncated)
+        partial, boot, boot_row = self._value_targets(rewards, ended and not truncated)
+        z = partial + boot * values[boot_row]
         rows = np.arange(first, first + count)[:, None] + np.arange(k + 1)  # [count, K+1]
         mask = rows < length
         if not ended:
@@ -107,12 +116,20 @@ class Targets:
         step_rewards = rewards[idx[:, :k]].astype(np.float32)
         step_rewards[~mask[:, :k]] = 0.0
         value = np.where(mask, z[idx], 0.0).astype(np.float32)
-        self.ready.append({
-            "obs": np.stack(ep.obs[first:first + count]),
-            "action": actions, "reward": step_rewards, "value": value,
-            "policy": policy.astype(np.float32), "mask": mask,
-            "priority": np.abs(values[first:first + count] - z[first:first + count]
-                               ).astype(np.float32)})
+        item = {"obs": np.stack(ep.obs[first:first + count]),
+                "action": actions, "reward": step_rewards, "value": value,
+                "policy": policy.astype(np.float32), "mask": mask,
+                "priority": np.abs(values[first:first + count] - z[first:first + count]
+                                   ).astype(np.float32)}
+        if self.reanalyse:  # what recomputing the targets takes (nodes/reanalyse.py)
+            obs = np.stack(ep.obs)
+            item["obs_unroll"] = np.where(_expand(mask[:, 1:], obs.ndim - 1),
+                                          obs[idx[:, 1:]], 0).astype(obs.dtype)
+            item["obs_bootstrap"] = np.where(_expand(mask, obs.ndim - 1),
+                                             obs[boot_row[idx]], 0).astype(obs.dtype)
+            item["partial_return"] = np.where(mask, partial[idx], 0).astype(np.float32)
+            item["bootstrap_discount"] = np.where(mask, boot[idx], 0).astype(np.float32)
+        self.ready.append(item)
         ep.shipped = stop
         # forget the rows no later position needs (a position needs nothing before it)
         drop = ep.shipped - ep.start
@@ -121,25 +138,24 @@ class Targets:
                 del getattr(ep, name)[:drop]
             ep.start = ep.shipped
 
-    def _value_targets(self, rewards: np.ndarray, values: np.ndarray,
-                       terminal: bool) -> np.ndarray:
-        """z for every row held: n-step returns bootstrapped from the root value n rows
-        later; past the last row, 0 after a terminal state, else the last row's value
-        (the episode goes on, or a time limit cut it)."""
+    def _value_targets(self, rewards: np.ndarray, terminal: bool
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For every row held: the reward sum of its n-step value target, the discount
+        of its bootstrap (0: none) and the row bootstrapped from, so that
+        z = partial + discount * ν[row]. Past the last row: nothing after a terminal
+        state; else the last row's value (a time limit cut the episode)."""
         length, n, g = len(rewards), self.td, self.discount
-        tail = 0.0 if terminal else float(values[-1])
-        # bootstrap values ν_{s+n} (beyond the rows: the tail value, γ-discounted from
-        # where the rows end)
-        z = np.zeros(length)
+        partial = np.zeros(length)
+        discount = np.zeros(length)
+        row = np.zeros(length, np.int64)
         for s in range(length):
             end = min(s + n, length)
-            ret = sum(g ** (i - s) * rewards[i] for i in range(s, end))
+            partial[s] = sum(g ** (i - s) * rewards[i] for i in range(s, end))
             if s + n < length:
-                ret += g ** n * values[s + n]
-            else:
-                ret += g ** (end - s) * tail
-            z[s] = ret
-        return z
+                discount[s], row[s] = g ** n, s + n
+            elif not terminal:
+                discount[s], row[s] = g ** (end - s), length - 1
+        return partial, discount, row
 
 
 class LatentLane:
@@ -150,14 +166,16 @@ class LatentLane:
     ended)."""
 
     def __init__(self, obs: np.ndarray, step_env: Any, num_actions: int,
-                 params: SearchParams, unroll_steps: int, td_steps: int, seed: int = 0):
+                 params: SearchParams, unroll_steps: int, td_steps: int, seed: int = 0,
+                 reanalyse: bool = False):
         self.n = len(obs)
         self.obs = obs
         self.step_env = step_env
         self.params = params
         self.rng = np.random.default_rng(seed)
         self.mcts = LatentMCTS(self.n, num_actions, params, self.rng)
-        self.targets = Targets(self.n, num_actions, unroll_steps, td_steps, params.discount)
+        self.targets = Targets(self.n, num_actions, unroll_steps, td_steps, params.discount,
+                               reanalyse)
         self.at_root = True  # the next query is the roots' initial inference
         self.moves = 0
         self.searches = 0

@@ -216,6 +216,44 @@ class ReplayTable:
         }
         return Sample(keys=keys, items=items, weights=weights, probabilities=probs)
 
+    def peek(self, batch_size: int, rng: np.random.Generator) -> Sample:
+        """``batch_size`` held items drawn uniformly (with replacement) by ``rng``, for a
+        reviser (a reanalyse node): no counter, schedule or fifo position moves, so the
+        learners' sampling is as if it had not happened. ValueError on an empty table."""
+        n = int(batch_size)
+        if n < 1 or self.size == 0 or self._storage is None:
+            raise ValueError(f"cannot peek at {n} items of {self.size}")
+        keys = self._oldest_key + rng.integers(0, self.size, size=n, dtype=np.int64)
+        slots = keys % self._capacity
+        items = {name: arr[slots] for name, arr in self._storage.items()}
+        return Sample(keys=keys, items=items, weights=np.ones(n, np.float32),
+                      probabilities=np.full(n, 1.0 / self.size))
+
+    def revise(self, keys: np.ndarray, arrays: Mapping[str, np.ndarray]) -> int:
+        """Overwrite fields of held items (a reanalyse node's fresh targets); return how
+        many were applied. Keys already evicted are skipped (the reviser raced the
+        writers); keys never issued, or fields, dtypes or shapes unlike the table's, are
+        an error."""
+        k = np.asarray(keys, np.int64).reshape(-1)
+        if k.size and (k.min() < 0 or k.max() >= self._next_key):
+            raise ValueError(f"keys must be ones this table issued, in [0, {self._next_key})")
+        if self._storage is None:
+            return 0
+        for name, arr in arrays.items():
+            want = self._storage.get(name)
+            if want is None:
+                raise ValueError(f"field {name!r} is not one of the table's "
+                                 f"({', '.join(sorted(self._storage))})")
+            if arr.dtype != want.dtype or arr.shape != (k.size, *want.shape[1:]):
+                raise ValueError(f"field {name!r}: needs {want.dtype} "
+                                 f"{[k.size, *want.shape[1:]]}, got {arr.dtype} "
+                                 f"{list(arr.shape)}")
+        live = k >= self._oldest_key
+        slots = k[live] % self._capacity
+        for name, arr in arrays.items():
+            self._storage[name][slots] = arr[live]
+        return int(live.sum())
+
     def undo_sample(self, sample: Sample) -> None:
         """Take back the :meth:`sample` call that returned ``sample``, when it was the
         last change to the table (its items could not be delivered): fifo items become
