@@ -1,7 +1,7 @@
 """MuZero actor: plays its envs by search in the learned model and sends the positions,
 with their unroll targets, to a replay.
 
-The actor's envs are split into ``lanes`` of ``envs`` each; a lane is one
+The actor's ``envs`` are split over ``lanes``; a lane is one
 :class:`zmqrl.parts.muzero.selfplay.LatentLane` (a vector env and a tree per env,
 searched in lockstep). Each search round is one query per env, answered by
 ``args.policy``:
@@ -63,13 +63,13 @@ class MuZeroActor(Node):
 
     @dataclass
     class Args:
-        envs: int = 16  # envs searched side by side per lane
+        envs: int = 32  # envs searched side by side, split over the lanes
         lanes: int = 2  # remote: requests in flight (search one lane while another waits)
         policy: str = "remote"  # remote | local
         request_timeout_s: float = 10.0
         max_outbox: int = 2  # inserts waiting for the replay's credit
-        # An insert carries at most this many positions, plus what one episode's end
-        # adds (up to unroll_steps + td_steps + 1): what a replay's rate limiter must fit.
+        # An insert carries at most this many positions: what a replay's rate limiter
+        # must fit.
         max_insert_positions: int = 256
         max_waiting_positions: int = 4096  # positions held before the lanes pause
         device: str = "cpu"  # policy: local
@@ -78,10 +78,8 @@ class MuZeroActor(Node):
     @classmethod
     def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
         try:
-            cap = int(spec.args.get("max_insert_positions", cls.Args.max_insert_positions))
-            cfg = topo.algo_config
-            return max(0, cap - 1) + int(cfg.unroll_steps) + int(cfg.td_steps) + 1
-        except Exception:  # noqa: BLE001  (bad args or algo: their own checks say)
+            return int(spec.args.get("max_insert_positions", cls.Args.max_insert_positions))
+        except (TypeError, ValueError):  # bad args: their own checks say
             return None
 
     @classmethod
@@ -92,6 +90,10 @@ class MuZeroActor(Node):
             value = args.get(name, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 errors.append(((*where, "args", name), f"{value!r}: must be an int >= 1"))
+        envs, lanes = args.get("envs", cls.Args.envs), args.get("lanes", cls.Args.lanes)
+        if isinstance(envs, int) and isinstance(lanes, int) and envs < lanes:
+            errors.append(((*where, "args", "envs"), f"{envs}: fewer envs than lanes "
+                                                     f"({lanes})"))
         policy = args.get("policy", "remote")
         if policy not in POLICIES:
             errors.append(((*where, "args", "policy"), f"'{policy}' is not remote or local"))
@@ -130,11 +132,12 @@ class MuZeroActor(Node):
         self.returns = EpisodeStats(window=100)
         self.envs: list[Any] = []
         self.lanes = []
-        for i in range(a.lanes):
-            env = make_vector_env(topo.env, a.envs, seed + 1000 * i)
+        sizes = [a.envs // a.lanes + (i < a.envs % a.lanes) for i in range(a.lanes)]
+        for i, size in enumerate(sizes):
+            env = make_vector_env(topo.env, size, seed + 1000 * i)
             self.envs.append(env)
             obs, _ = env.reset(seed=seed + 1000 * i)
-            step = self._env_stepper(env, EpisodeTracker(a.envs))
+            step = self._env_stepper(env, EpisodeTracker(size))
             self.lanes.append(_Lane(LatentLane(
                 obs.astype(self.spec.obs_dtype, copy=False), step, self.spec.num_actions,
                 params, cfg.unroll_steps, cfg.td_steps, seed + 1000 * i + 1,
@@ -156,8 +159,8 @@ class MuZeroActor(Node):
                 self.set_handler(lane.socket,
                                  lambda _envelope, msg, lane=lane: self._on_act(lane, msg))
                 self._send_query(lane)
-        self.log.info("%s, %d lanes of %d envs, %d simulations a move, %s inference",
-                      topo.env["id"], a.lanes, a.envs, params.num_simulations, a.policy)
+        self.log.info("%s, %d envs in %d lanes, %d simulations a move, %s inference",
+                      topo.env["id"], a.envs, a.lanes, params.num_simulations, a.policy)
 
     def _env_stepper(self, env: Any, episodes: Any) -> Any:
         def step(action: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -187,7 +190,7 @@ class MuZeroActor(Node):
         self.params = ParamsFollower(self.model, self)
         setup = ActingSetup(self.spec, self.model, self.cfg, precision=resolve_precision(
             a.precision, torch.device(a.device)))
-        self.local = [LatentSearchBehaviour(setup, a.envs) for _ in self.lanes]
+        self.local = [LatentSearchBehaviour(setup, lane.play.n) for lane in self.lanes]
 
     # ----- local inference ----------------------------------------------------------------
     def _answer_locally(self) -> None:
@@ -265,12 +268,19 @@ class MuZeroActor(Node):
             return
         if not self.waiting or len(self.outbox):
             return  # one insert waits at most; the positions gather meanwhile
-        parts, count = [], 0
-        while self.waiting and count < self.args.max_insert_positions:
-            parts.append(self.waiting.popleft())
-            count += len(parts[-1]["obs"])
+        cap, parts, count = self.args.max_insert_positions, [], 0
+        while self.waiting and count < cap:
+            part = self.waiting.popleft()
+            take = min(len(part["obs"]), cap - count)
+            if take < len(part["obs"]):  # the rest waits for the next insert
+                self.waiting.appendleft({k: v[take:] for k, v in part.items()})
+                part = {k: v[:take] for k, v in part.items()}
+            parts.append(part)
+            count += take
         arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        self.outbox.push(wire.encode(wire.INSERT, arrays, version=self.version))
+        # (a remote actor does not know the broker's parameter version: it says none)
+        extra = {"version": self.version} if self.local is not None else {}
+        self.outbox.push(wire.encode(wire.INSERT, arrays, **extra))
         self.positions_sent += count
         self.waiting_positions -= count
 

@@ -46,7 +46,7 @@ def test_minatar_queries_cross_the_broker_and_survive_its_restart_and_reanalyse_
     path = _topology(tmp_path, "muzero_minatar.yaml", **{
         "algo.num_simulations": 4, "algo.batch_size": 32, "algo.reanalyse": True,
         "nodes.replay.args.min_size": 100, "nodes.actor.replicas": 1,
-        "nodes.actor.args": {"envs": 8, "lanes": 2, "max_insert_positions": 64},
+        "nodes.actor.args": {"envs": 16, "lanes": 2, "max_insert_positions": 64},
         "nodes.reanalyse": {"kind": "reanalyse", "args": {"batch_size": 8},
                             "links": {"replay": "replay.sample",
                                       "params": "learner.params"}}})

@@ -66,8 +66,10 @@ def test_targets_at_a_terminal_end_and_a_time_limit():
     _add(targets, [1.0, 1.0, 1.0], [4.0, 4.0, 4.0])
     targets.end(0, truncated=True)
     item = targets.take()
-    # z_1 = 1 + 0.5 + 0.25 ν_2 (the last value: a time limit is no terminal state)
-    np.testing.assert_allclose(item["value"][:, 0], [2.5, 2.5, 1 + 0.5 * 4])
+    # a time limit is no terminal state: the last searched value ν_2 (which counts r_2
+    # already) bootstraps: z_1 = r_1 + 0.5 ν_2 = 3, z_2 = ν_2 = 4; past the end, ν_2
+    np.testing.assert_allclose(item["value"][:, 0], [2.5, 3.0, 4.0])
+    np.testing.assert_allclose(item["value"][2], [4.0, 4.0, 4.0])
 
 
 @pytest.mark.parametrize("end", ["running", "terminal", "time limit"])
@@ -87,7 +89,8 @@ def test_reanalyse_data_recomputes_the_value_targets(end):
     mask = item["mask"]
     np.testing.assert_array_equal(item["obs_unroll"][..., 0],
                                   np.where(mask[:, 1:], item["obs"][:, :1] + [1, 2], 0))
-    assert (item["bootstrap_discount"][~mask] == 0).all()
+    if end != "time limit":  # (past a time limit's end the last value stands in)
+        assert (item["bootstrap_discount"][~mask] == 0).all()
     if end == "terminal":  # the last position bootstraps from nothing
         assert item["bootstrap_discount"][-1, 0] == 0
 

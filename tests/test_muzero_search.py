@@ -33,7 +33,8 @@ def test_search_by_hand_on_a_two_action_model():
     pb_c_init + log((N + pb_c_base + 1) / pb_c_base) = 1.25 + ~5e-5 (N + 1).
     N(s): the root's simulations so far; another node's visits, its own evaluation first.
 
-    1. Root N=0: every score is 0, the tie goes to action 0 -> node 1 (r 1, v 0).
+    1. Root N=0 (counted as 1): equal priors, equal scores, the tie goes to action 0 ->
+       node 1 (r 1, v 0).
        Edge (0,0) adds 1 + 0.5*0 = 1: Q(0,0) = 1; min = max = 1.
     2. Root N=1: a0 scores Q 1 (max <= min: Q as is) + 0.5*1/2*c = 1.31; a1 0.5*1*c = 0.63
        -> a0, to node 1 (N=1, nothing visited, tie) -> a0: node 2 (r 1, v 0).
@@ -55,8 +56,9 @@ def test_search_by_hand_on_a_two_action_model():
     Root: visits (4, 2); value (5.5 + 2) / 6 = 1.25."""
     params = SearchParams(num_simulations=6, discount=0.5, dirichlet_fraction=0.0)
     mcts = LatentMCTS(1, 2, params, np.random.default_rng(0))
-    mcts.set_roots(np.zeros((1, 2)), np.array([7.0]))
-    assert mcts.root_value()[0] == 7.0  # the model's, until a simulation is done
+    # (the root's value 1 opens the min-max range: the same as the first Q below)
+    mcts.set_roots(np.zeros((1, 2)), np.array([1.0]))
+    assert mcts.root_value()[0] == 1.0  # the model's, until a simulation is done
     expected = [(0, 0, 1), (1, 0, 2), (1, 1, 3), (3, 0, 4), (0, 1, 5), (5, 0, 6)]
     for step, want in enumerate(expected):
         assert not mcts.done
@@ -75,9 +77,13 @@ def test_search_by_hand_on_a_two_action_model():
     assert q[1, 0] == pytest.approx(1.0) and q[1, 1] == pytest.approx(1.0)
     with pytest.raises(RuntimeError):
         mcts.select()  # its simulations are done
-    # the same through search(), which keeps the latents itself
-    visits, value = search(last_action_initial, last_action_recurrent, np.zeros((1, 3)),
-                           params, np.random.default_rng(0))
+    # the same through search(), which keeps the latents itself (root value 1 as above)
+    def initial(obs: np.ndarray):
+        latent, logits, value = last_action_initial(obs)
+        return latent, logits, value + 1.0
+
+    visits, value = search(initial, last_action_recurrent, np.zeros((1, 3)), params,
+                           np.random.default_rng(0))
     np.testing.assert_array_equal(visits, [[4, 2]])
     assert value[0] == pytest.approx(1.25, abs=1e-12)
 
@@ -125,7 +131,7 @@ def test_min_max_normalization_makes_the_search_indifferent_to_reward_scale():
         parent, action, _ = mcts.select()
         choices.append((int(parent[0]), int(action[0])))
         mcts.expand(100.0 * (action + 1.0), np.zeros((1, 2)), np.zeros(1))
-    assert choices == [(0, 0), (1, 0), (1, 1), (3, 0), (0, 1)]
+    assert choices == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1)]
 
 
 def test_root_noise():

@@ -54,6 +54,9 @@ class LatentSearchBehaviour(Behaviour):
         if int(node.max(initial=0)) >= self.nodes or int(parent.max(initial=0)) >= self.nodes:
             raise wire.ProtocolError(f"step queries node {int(max(node.max(), parent.max()))}"
                                      f", but a tree has {self.nodes} (algo.num_simulations + 1)")
+        if (node[root] != 0).any() or (node[~root] == 0).any():
+            raise wire.ProtocolError("step queries must keep a root's latent at node 0 "
+                                     "and every other at a node >= 1")
         rows = np.flatnonzero(~root)
         missing = rows[~self.held[rows, parent[rows]]]
         if len(missing):

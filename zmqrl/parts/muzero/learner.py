@@ -132,7 +132,9 @@ class MuZeroLearner:
         loss.backward()
         grad_norm = gradients.clip_and_step(self.params, self.optimizer, cfg.max_grad_norm)
         self.updates += 1
-        priorities = (value - batch["value"][:, 0].float()).abs() + cfg.priority_eps
+        # on the host: the replay client sends them as a numpy array
+        priorities = ((value - batch["value"][:, 0].float()).abs()
+                      + cfg.priority_eps).float().cpu()
         report = {"loss": loss.item(), **{k: v.item() for k, v in terms.items()},
                   "value_mean": value.mean().item(), "grad_norm": grad_norm,
                   "lr": self.optimizer.param_groups[0]["lr"]}

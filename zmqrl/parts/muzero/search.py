@@ -24,11 +24,12 @@ The descent picks, at each node s, by pUCT
     a = argmax_a  Qn(s, a) + P(s, a) * sqrt(N(s)) / (1 + N(s, a))
                              * (pb_c_init + log((N(s) + pb_c_base + 1) / pb_c_base))
 
-with N(s) the visits of node s (the root's: its simulations so far; any other node's
-first visit is its own evaluation) and Q(s, a) = r(s, a) + discount * V(child), the mean
-return of the edge. Rewards and values are in the units of the environment, not [-1, 1]
-as in a board game, so Q is normalized per tree by the smallest and largest Q seen so far
-in it, Qn = (Q - min) / (max - min), which keeps the exploration term in scale with it
+with N(s) the visits of node s (the root's: its simulations so far, at least 1; any
+other node's first visit is its own evaluation) and Q(s, a) = r(s, a) + discount *
+V(child), the mean return of the edge. Rewards and values are in the units of the
+environment, not [-1, 1] as in a board game, so Q is normalized per tree by the
+smallest and largest of the root's value and the Qs seen so far in it,
+Qn = (Q - min) / (max - min), which keeps the exploration term in scale with it
 (while max <= min, Q stays as it is; an unvisited edge counts 0). Ties go to the lowest
 action.
 
@@ -127,8 +128,10 @@ class LatentMCTS:
         self.child.fill(-1)
         for array in (self.visits, self.value_sum, self.prior, self.reward):
             array.fill(0.0)
-        self.q_min.fill(np.inf)
-        self.q_max.fill(-np.inf)
+        # The min-max range starts at the root's value (as mctx's bounds include the
+        # parent's value): with the first Q alone the range would be empty, Q would stay
+        # raw (tens on CartPole) and outweigh every prior until a second Q is seen.
+        self.q_min[:] = self.q_max[:] = np.asarray(value, np.float64).reshape(self.slots)
         self.path_len.fill(0)
         self.pending.fill(-1)
         self.count = 0
@@ -166,7 +169,9 @@ class LatentMCTS:
             spread = hi[g] - lo[g]
             q = np.where(spread > 0, (q - lo[g]) / np.where(spread > 0, spread, 1.0), q)
             q = np.where(visits > 0, q, 0.0)
-            total = visits.sum(-1, keepdims=True) + (n != 0)[:, None]  # N(s)
+            # N(s); at least 1, so that a root's first descent follows its priors (with
+            # sqrt(0) every score is 0 and the first action would always win the tie)
+            total = np.maximum(visits.sum(-1, keepdims=True) + (n != 0)[:, None], 1.0)
             c = p.pb_c_init + np.log((total + p.pb_c_base + 1.0) / p.pb_c_base)
             score = q + self.prior[g, n] * np.sqrt(total) / (1.0 + visits) * c
             a = score.argmax(-1)

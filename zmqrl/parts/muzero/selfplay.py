@@ -22,7 +22,9 @@ t+K+n has been searched, or the episode ended: as soon as its targets are final.
 With ``reanalyse`` it also carries what recomputing its targets takes (the observations
 of the unroll and of each value target's bootstrap, the reward sums and discounts).
 An episode cut by a time limit bootstraps from the value of its last searched
-position (the final observation is never searched). Its priority is |ν_t - z_t|.
+position (the final observation is never searched; that value counts the last reward
+already), and past its end the value target is that value, not the 0 of a terminal
+state. Its priority is |ν_t - z_t|.
 """
 
 from __future__ import annotations
@@ -115,7 +117,11 @@ class Targets:
         actions = np.asarray(ep.action, np.int64)[idx[:, :k]]
         step_rewards = rewards[idx[:, :k]].astype(np.float32)
         step_rewards[~mask[:, :k]] = 0.0
-        value = np.where(mask, z[idx], 0.0).astype(np.float32)
+        # Past the end: 0 after a terminal state (absorbing); after a time limit the
+        # episode would have gone on, so the last row's value stands in (the learner
+        # trains the value there too: 0 would teach it that time runs out)
+        cut = ended and truncated
+        value = np.where(mask, z[idx], values[-1] if cut else 0.0).astype(np.float32)
         item = {"obs": np.stack(ep.obs[first:first + count]),
                 "action": actions, "reward": step_rewards, "value": value,
                 "policy": policy.astype(np.float32), "mask": mask,
@@ -123,12 +129,15 @@ class Targets:
                                    ).astype(np.float32)}
         if self.reanalyse:  # what recomputing the targets takes (nodes/reanalyse.py)
             obs = np.stack(ep.obs)
+            # past a time limit's end the last row's value stands in (as above)
+            disc = np.where(mask, boot[idx], 1.0 if cut else 0.0)
+            row = np.where(mask, boot_row[idx], length - 1)
             item["obs_unroll"] = np.where(_expand(mask[:, 1:], obs.ndim - 1),
                                           obs[idx[:, 1:]], 0).astype(obs.dtype)
-            item["obs_bootstrap"] = np.where(_expand(mask, obs.ndim - 1),
-                                             obs[boot_row[idx]], 0).astype(obs.dtype)
+            item["obs_bootstrap"] = np.where(_expand(disc > 0, obs.ndim - 1),
+                                             obs[row], 0).astype(obs.dtype)
             item["partial_return"] = np.where(mask, partial[idx], 0).astype(np.float32)
-            item["bootstrap_discount"] = np.where(mask, boot[idx], 0).astype(np.float32)
+            item["bootstrap_discount"] = disc.astype(np.float32)
         self.ready.append(item)
         ep.shipped = stop
         # forget the rows no later position needs (a position needs nothing before it)
@@ -149,12 +158,14 @@ class Targets:
         discount = np.zeros(length)
         row = np.zeros(length, np.int64)
         for s in range(length):
-            end = min(s + n, length)
-            partial[s] = sum(g ** (i - s) * rewards[i] for i in range(s, end))
             if s + n < length:
+                partial[s] = sum(g ** (i - s) * rewards[i] for i in range(s, s + n))
                 discount[s], row[s] = g ** n, s + n
-            elif not terminal:
-                discount[s], row[s] = g ** (end - s), length - 1
+            elif terminal:
+                partial[s] = sum(g ** (i - s) * rewards[i] for i in range(s, length))
+            else:  # ν of the last row already counts its reward: sum up to the row before
+                partial[s] = sum(g ** (i - s) * rewards[i] for i in range(s, length - 1))
+                discount[s], row[s] = g ** (length - 1 - s), length - 1
         return partial, discount, row
 
 
