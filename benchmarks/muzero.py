@@ -3,7 +3,7 @@
     python benchmarks/muzero.py throughput [--seconds 20] [--set ...]
     python benchmarks/muzero.py cartpole [--seeds 1 2 3] [--budget 600] [--target 475]
     python benchmarks/muzero.py steps [--steps 200000] [--set algo.num_simulations=4]
-    python benchmarks/muzero.py minatar [--steps 30000]
+    python benchmarks/muzero.py minatar [--seconds 300]
     python benchmarks/muzero.py reanalyse [--seconds 300] [--seed 1]
 
 ``throughput``: search simulations per second of the topology's search (its model,
@@ -22,8 +22,9 @@ and imports count); prints the time it took.
 above ``--steps``), and the learner's updates per second in the same windows: whether
 the replay's growth slows acting or learning.
 
-``minatar``: muzero_minatar.yaml and seed_minatar.yaml each run to ``--steps`` env steps;
-their mean returns at equal env steps (MuZero's claim is sample efficiency).
+``minatar``: muzero_minatar.yaml without and with a reanalyse node, ``--seconds`` each
+(equal wall time), then seed_minatar.yaml to the env steps MuZero's first run reached
+(equal env steps: MuZero's claim is sample efficiency); the mean returns.
 
 ``reanalyse``: muzero.yaml with and without a reanalyse node for ``--seconds`` each
 (alternating), the same seed; the return of the last 20 episodes at the end.
@@ -238,19 +239,31 @@ def steps(args: argparse.Namespace) -> None:
 
 
 def minatar(args: argparse.Namespace) -> None:
-    for name in ("muzero_minatar.yaml", "seed_minatar.yaml"):
+    """muzero_minatar.yaml without and with a reanalyse node, ``--seconds`` each (equal
+    wall time), then seed_minatar.yaml to the env steps the first reached (equal env
+    steps)."""
+    muzero = REPO / "topologies" / "muzero_minatar.yaml"
+    reached = 0.0
+    for name, topology, extra, sets in (
+            ("muzero_minatar", muzero, ["--max-seconds", str(args.seconds)], []),
+            ("muzero_minatar + reanalyse", muzero, ["--max-seconds", str(args.seconds)],
+             REANALYSE),
+            ("seed_minatar", REPO / "topologies" / "seed_minatar.yaml", None, [])):
         with tempfile.TemporaryDirectory(prefix="zmqrl-mz-") as tmp:
             run_dir = Path(tmp) / "run"
-            wall = zmqrl_up(REPO / "topologies" / name, run_dir, "--max-steps",
-                            str(args.steps), sets=[f"seed={args.seed}"])
+            if extra is None:  # the same env steps as MuZero's first run
+                extra = ["--max-steps", str(int(reached))]
+            wall = zmqrl_up(topology, run_dir, *extra, sets=[f"seed={args.seed}", *sets])
             run = run_rows(run_dir)
-            marks = [int(args.steps * f) for f in (0.25, 0.5, 0.75, 1.0)]
-            at = []
-            for mark in marks:
-                before = [r[3] for r in run if r[1] <= mark]
-                at.append(f"{mark:,}: {before[-1]:.2f}" if before else f"{mark:,}: -")
-            print(f"{name}: {args.steps:,} env steps in {wall:.0f} s; return(100) at "
-                  + ", ".join(at) + f" ({load()})", flush=True)
+            last = run[-1]
+            reached = reached or last[1]
+            half = [r[3] for r in run if r[1] <= last[1] / 2]
+            revised = [r for r in rows(run_dir, "replay") if r.get("revised")]
+            print(f"{name}: {last[1]:,.0f} env steps in {wall:.0f} s, {last[4]:.0f} updates; "
+                  f"return(100) {last[3]:.2f} at the end, "
+                  f"{half[-1] if half else float('nan'):.2f} at half the env steps"
+                  + (f"; {revised[-1]['revised']} items revised" if revised and
+                     revised[-1]["revised"] != "0" else "") + f" ({load()})", flush=True)
 
 
 def reanalyse(args: argparse.Namespace) -> None:
@@ -286,7 +299,7 @@ def main() -> None:
     p.add_argument("--from", dest="start", type=int, default=20_000)
     p.add_argument("--set", action="append", default=[])
     p = sub.add_parser("minatar")
-    p.add_argument("--steps", type=int, default=30_000)
+    p.add_argument("--seconds", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=1)
     p = sub.add_parser("reanalyse")
     p.add_argument("--seconds", type=float, default=300.0)
