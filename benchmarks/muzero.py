@@ -132,7 +132,8 @@ def _up(topology: dict, run_dir: Path) -> Iterator[subprocess.Popen]:
 
 def through_broker(raw: dict, seconds: float) -> tuple[float, float]:
     """(simulations per second of all actors, queries per broker forward pass)."""
-    topo = {**raw, "nodes": {"broker": raw["nodes"]["broker"],
+    broker = {k: v for k, v in raw["nodes"]["broker"].items() if k != "links"}
+    topo = {**raw, "nodes": {"broker": broker,
                              "actor": {**raw["nodes"]["actor"],
                                        "links": {"policy": "broker.policy"}}}}
     actors = topo["nodes"]["actor"].get("replicas", 1)
@@ -148,8 +149,11 @@ def through_broker(raw: dict, seconds: float) -> tuple[float, float]:
 
     with tempfile.TemporaryDirectory(prefix="zmqrl-mz-") as tmp:
         run_dir = Path(tmp) / "run"
-        with _up(topo, run_dir):
+        with _up(topo, run_dir) as proc:
             while sims() is None:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"zmqrl up of the actors and broker ended: "
+                                       f"{proc.returncode}")
                 time.sleep(0.5)
             time.sleep(5.0)  # past the first, slow forward passes
             first, t0 = sims(), time.perf_counter()
@@ -171,7 +175,7 @@ def throughput(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     raw = merge(yaml.safe_load(TOPOLOGY.read_text()), _overrides(tuple(args.set)))
     actor = raw["nodes"]["actor"]
-    envs = actor.get("replicas", 1) * actor["args"]["envs"] * actor["args"]["lanes"]
+    envs = actor.get("replicas", 1) * actor["args"]["envs"]  # (split over its lanes)
     model = build_model(raw["model"], env_spec(raw["env"]), seed=0).eval()
     params = SearchParams.of(algo_config.parse(raw["algo"]))
     env = make_vector_env(raw["env"], envs, 0)
