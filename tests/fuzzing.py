@@ -206,9 +206,14 @@ def port_context(raw_path: Path) -> messages.Context:
         state_size=int(getattr(model, "state_size", 0) or 0), model=model)
 
 
+# Every declaration, the core's and the registered plug-ins' (MuZero's among them): the
+# set of messages is as open as the set of parts.
+DECLARED: tuple[messages.MessageSpec, ...] = tuple(messages.registered().values())
+
+
 def declarations(msg_type: str) -> list[messages.MessageSpec]:
     """Every declared variant of ``msg_type``."""
-    return [s for s in messages.MESSAGES if s.type == msg_type]
+    return [s for s in DECLARED if s.type == msg_type]
 
 
 def keeps_some_declaration(msg: wire.Message, ctx: messages.Context) -> str | None:
@@ -431,8 +436,8 @@ class PortPlan:
 
 def port_plan(cls: type, port: str) -> PortPlan:
     takes = set(getattr(cls, "accepts", {}).get(port, ()))
-    return PortPlan([s for s in messages.MESSAGES if s.type in takes],
-                    [s for s in messages.MESSAGES if s.type not in takes])
+    return PortPlan([s for s in DECLARED if s.type in takes],
+                    [s for s in DECLARED if s.type not in takes])
 
 
 def undeclared_accepts() -> list[str]:

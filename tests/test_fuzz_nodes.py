@@ -252,7 +252,7 @@ def _to_frames(header: dict, frames: list) -> list:
 
 
 # Every field name the declarations know, and the header's own keys.
-_KEYS = sorted({"v", "t", "arrays", *(f.name for s in messages.MESSAGES for f in s.fields)})
+_KEYS = sorted({"v", "t", "arrays", *(f.name for s in fuzzing.DECLARED for f in s.fields)})
 
 
 @st.composite
@@ -260,8 +260,8 @@ def mutated(draw: st.DrawFn, specs: list[messages.MessageSpec],
             ctx: messages.Context) -> list:
     """A declared message (the port's, or any type's), then a few structural and
     byte-level mutations of it."""
-    spec = draw(st.sampled_from(specs) | st.sampled_from(messages.MESSAGES)) if specs \
-        else draw(st.sampled_from(messages.MESSAGES))
+    spec = draw(st.sampled_from(specs) | st.sampled_from(list(fuzzing.DECLARED))) if specs \
+        else draw(st.sampled_from(list(fuzzing.DECLARED)))
     frames = [bytes(f) for f in draw(fuzzing.declared_message(spec, ctx, "hostile"))]
     header = msgpack.unpackb(frames[0], raw=False)
     body = frames[1:]
@@ -344,7 +344,7 @@ def random_header() -> st.SearchStrategy[list]:
 def accepted(target: Target) -> list[messages.MessageSpec]:
     """The declarations of what the port takes (every declaration if it names none)."""
     cls = HOMES[target.kind].cls
-    return fuzzing.port_plan(cls, target.port).accepted or list(messages.MESSAGES)
+    return fuzzing.port_plan(cls, target.port).accepted or list(fuzzing.DECLARED)
 
 
 def describe(frames: list) -> str:
@@ -420,7 +420,7 @@ def strategies(target: Target, skip_known: bool = True) -> dict[str, st.SearchSt
         "huge": declared(specs, ctx, values="huge"),
         "oversize": declared(specs, ctx, values="benign", oversize=True)
         | declared(specs, ctx, values="hostile", oversize=True),
-        "any_type": declared(list(messages.MESSAGES), ctx, values="hostile"),
+        "any_type": declared(list(fuzzing.DECLARED), ctx, values="hostile"),
     }
     out = {name: s.map(lambda frames: [("fuzz", frames)]) for name, s in out.items()}
     spoof = spoofs(specs, ctx, oversize="oversize" not in excluded)
@@ -473,7 +473,7 @@ def test_every_accepted_message_type_is_declared():
 @settings(max_examples=400, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(frames=st.one_of(random_frames(), random_header(),
-                        mutated(list(messages.MESSAGES), messages.Context())))
+                        mutated(list(fuzzing.DECLARED), messages.Context())))
 # What this test found in wire.decode (fixed there): an empty array whose shape numpy
 # cannot represent raised ValueError, msgpack bin keys got into the fields, and an
 # array entry with nil inline data made decode read a frame that was not there.
