@@ -16,7 +16,7 @@ pytest.importorskip("pyspiel")
 
 from zmqrl.bus import messages, wire  # noqa: E402
 from zmqrl.parts.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
-from zmqrl.parts.algo_config import SEARCH, AlphaZeroConfig  # noqa: E402
+from zmqrl.parts.algo_config import AlphaZeroConfig  # noqa: E402
 from zmqrl.parts.algos.alphazero import AlphaZeroLearner  # noqa: E402
 from zmqrl.parts.envs import env_spec  # noqa: E402
 from zmqrl.parts.games import Game, GameEnv, env_id, game_name  # noqa: E402
@@ -288,7 +288,7 @@ def test_evaluate_behaviour_batched_equals_alone():
     forward pass give each the same logits and values as alone, in the reply."""
     spec = env_spec({"id": TTT})
     model = build_model({"kind": "pv_mlp", "hidden": [32]}, spec, seed=0)
-    cls = behaviour_for(SEARCH)
+    cls = behaviour_for(AlphaZeroConfig)  # (the 'search' family has MuZero's too)
     setup = ActingSetup(spec, model, AlphaZeroConfig())
     rng = np.random.default_rng(0)
     obs = [rng.integers(0, 2, (n, 3, 3, 3)).astype(np.float32) for n in (2, 5)]

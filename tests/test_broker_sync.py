@@ -24,7 +24,7 @@ ENVS = 4  # per client; two clients make the learner's batch of 8 unrolls
 TIMEOUT_MS = 3000
 
 
-def _start(processes, tmp_path: Path) -> tuple[str, Path]:
+def _start(processes, tmp_path: Path, timeout_ms: int = TIMEOUT_MS) -> tuple[str, Path]:
     raw = {
         "name": "broker-sync", "seed": 3, "env": {"id": "CartPole-v1"},
         "model": {"kind": "mlp", "hidden": [16]},
@@ -32,7 +32,7 @@ def _start(processes, tmp_path: Path) -> tuple[str, Path]:
         "nodes": {
             "learner": {"kind": "learner", "args": {"device": "cpu"}},
             "broker": {"kind": "inference_broker",
-                       "args": {"mode": "sync", "sync_timeout_ms": TIMEOUT_MS, "device": "cpu"},
+                       "args": {"mode": "sync", "sync_timeout_ms": timeout_ms, "device": "cpu"},
                        "links": {"params": "learner.params",
                                  "experience": "learner.experience"}},
             # Never started: the clients below stand in for its two replicas.
@@ -75,7 +75,9 @@ def _policy_lags(run_dir: Path, updates: int) -> list[float]:
 
 def test_rollouts_that_end_together_wait_for_the_parameters_trained_on_them(
         processes, tmp_path, client_factory):
-    address, run_dir = _start(processes, tmp_path)
+    # A long sync timeout: a loaded machine's learner may take seconds to publish its
+    # first update, and a wait given up acts with stale parameters (CI saw a lag of 0.75)
+    address, run_dir = _start(processes, tmp_path, timeout_ms=20_000)
     a, b = client_factory(address), client_factory(address)
     assert a.request(wire.encode(wire.PING), timeout=90).type == wire.PONG
     for i in range(1, 4 * UNROLL + 2):  # four rollouts on each connection

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 import yaml
 
 from conftest import REPO, pid_of, read_csv, wait_for
@@ -23,6 +24,10 @@ def _last(run_dir, label: str, column: str) -> float:
     return float(values[-1]) if values else 0.0
 
 
+# 2-7 minutes (learning starts after ~2,000 updates): with it CI ran past its 20 minutes,
+# so it runs on request (ZMQRL_LONG_TESTS=1), as the InvertedPendulum runs do.
+@pytest.mark.skipif(not os.environ.get("ZMQRL_LONG_TESTS"),
+                    reason="a 2-7 minute learning run: set ZMQRL_LONG_TESTS=1")
 def test_muzero_learns_cartpole_through_a_broker_and_a_reanalyse_restart(processes,
                                                                           tmp_path):
     """The mean return of the last 20 episodes reaches 60, about three times random
