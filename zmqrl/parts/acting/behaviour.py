@@ -134,9 +134,13 @@ class Behaviour:
         (what the inference broker calls; a local actor calls :meth:`outcome` and
         :meth:`observe` itself)."""
         truncated, final = msg.arrays.get("truncated"), msg.arrays.get("final_obs")
-        if truncated is None:  # most steps end no episode by a time limit
-            truncated = np.zeros(self.n, np.bool_)
-            final = np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
+        if truncated is None:  # most steps end no episode by a time limit: arrays made once
+            none = self.__dict__.get("_no_truncation")
+            if none is None:
+                none = self.__dict__["_no_truncation"] = (
+                    np.zeros(self.n, np.bool_),
+                    np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype))
+            truncated, final = none
         self.outcome(msg["reward"], msg["done"], truncated, final)
         self.observe(msg["obs"], msg.fields)
 
