@@ -92,7 +92,7 @@ class InferenceBroker(Node):
         when no client is linked, or a ``command:`` client says no ``envs``."""
         served = []
         for other in topo.nodes.values():
-            if other.links.get("policy") != f"{spec.name}.policy":
+            if not other.links_to("policy", f"{spec.name}.policy"):
                 continue
             if other.target is None:  # a command: client says its envs in its args, or
                 envs = other.args.get("envs")  # we cannot tell
@@ -173,8 +173,8 @@ class InferenceBroker(Node):
         self.step_spec = messages.spec(wire.STEP, self.behaviour_type.step_variant)
         # Inserts carry priorities only for a replay that samples by them (two more
         # forward passes per step otherwise spent for nothing).
-        self.priorities = replay_samples_by_priority(
-            topo, self.ctx.spec.links.get("experience", ""))
+        self.priorities = any(replay_samples_by_priority(topo, target)
+                              for target in self.ctx.spec.targets("experience") or [""])
         self.behaviours: dict[bytes, Behaviour] = {}  # per actor connection
         self.last_seen: dict[bytes, float] = {}
         self.sync = self.args.mode == "sync"
@@ -264,7 +264,7 @@ class InferenceBroker(Node):
         """Actor processes whose policy link points at our port (sync mode)."""
         target = f"{self.ctx.spec.name}.policy"
         linked = sum(s.replicas for s in self.ctx.topo.nodes.values()
-                     if target in s.links.values())
+                     if target in s.all_targets())
         return max(1, linked // self.ctx.spec.replicas)
 
     def _wait_budget_ms(self) -> float:
@@ -428,7 +428,7 @@ def _connections(spec: NodeSpec, topo: Topology) -> dict[str, tuple[int, int]]:
     node whose arguments say neither (a ``command:`` node; or its own errors)."""
     found = {}
     for other in topo.nodes.values():
-        if other.links.get("policy") != f"{spec.name}.policy":
+        if not other.links_to("policy", f"{spec.name}.policy"):
             continue
         try:
             args = load_class(other.target).Args(**other.args) if other.target else None

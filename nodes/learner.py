@@ -82,7 +82,7 @@ def _unroll_producers(name: str, topo: Topology) -> list[tuple[str, int | None]]
     ``command:`` node cannot tell)."""
     out: list[tuple[str, int | None]] = []
     for other in topo.nodes.values():
-        if other.links.get("experience") != f"{name}.experience":
+        if not other.links_to("experience", f"{name}.experience"):
             continue
         try:
             widest = load_class(other.target).largest_insert(other, topo) \

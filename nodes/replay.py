@@ -136,7 +136,7 @@ class Replay(Node):
         # A learner samples algo.batch_size items (transitions, sequences or positions:
         # the unit of capacity too); more than the table holds is refused every time.
         sampled = any(target == f"{spec.name}.sample"
-                      for other in topo.nodes.values() for target in other.links.values())
+                      for other in topo.nodes.values() for target in other.all_targets())
         wanted = algo_config.field_value(topo.algo, "batch_size")
         if sampled and bounds.is_number(wanted) and wanted > args.capacity:
             errors.append(((*where, "capacity"),
@@ -437,7 +437,7 @@ def largest_insert(name: str, topo: Topology) -> tuple[int, list[str]]:
     tell."""
     largest, unknown = 1, []
     for spec in topo.nodes.values():
-        if spec.links.get("experience") != f"{name}.experience":
+        if not spec.links_to("experience", f"{name}.experience"):
             continue
         if spec.target is None:  # an external program: only its topology entry can say
             found = spec.args.get("largest_insert")

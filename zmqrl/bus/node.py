@@ -16,6 +16,11 @@ binds an XPUB port hears of new subscribers through :meth:`Node.on_subscribe`.
 Lifetime: a node stops on SIGTERM, SIGINT and SIGHUP, and when the process that started
 it (supervisor or watchdog, named by ``ZMQRL_PARENT_PID``) is gone (:mod:`zmqrl.bus.lifetime`).
 
+A link declared ``many`` (:class:`Link`) names a list of targets in the topology
+(``links: {params: [learner_m0.params, learner_m1.params]}``: a node shared by a
+population's members, zmqrl.run.population): one socket per target, named
+``<link>_<i>``, and ``on_<link>(i, envelope, msg)`` says which target spoke.
+
 Peer liveness (the ZeroMQ Guide's Paranoid Pirate, client side): every DEALER link
 notes when it last heard anything from its peer. Silent for ``network.heartbeat_s`` (1 s),
 it pings (every ROUTER port answers ``pong``); silent for ``network.peer_timeout_s``
@@ -26,6 +31,7 @@ it pings (every ROUTER port answers ``pong``); silent for ``network.peer_timeout
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -66,14 +72,21 @@ SECRET_ENV = "ZMQRL_NODE_SECRET"
 # Episode returns one metrics report carries at most (the newest; the rest are counted
 # in its episodes_more): ~90 KB of header, far under the 1 MiB cap.
 MAX_EPISODES_PER_REPORT = 10_000
+
+
 @dataclass(frozen=True)
 class Link:
-    """A socket a node connects to another node's bound port."""
+    """A socket a node connects to another node's bound port.
+
+    ``many``: the topology may give a list of targets (``node.port`` each); the node
+    then has one socket per target, ``<link>_<i>`` in list order (:meth:`Node.link_sockets`),
+    and its handler is ``on_<link>(i, envelope, msg)``."""
 
     socket: str  # "dealer" | "sub" | "push"
     required: bool = True
     hwm: int | None = None  # queue bound, if not the default (see sockets.SocketOptions)
     immediate: bool = False  # see sockets.SocketOptions.immediate
+    many: bool = False  # one socket per target of a list (above)
 
 
 @dataclass
@@ -302,7 +315,8 @@ class Node:
         self._traffic: dict[str, list[int]] = {}  # name -> [msgs_in, bytes_in, msgs_out, bytes_out]
         self._poller = zmq.Poller()
         self._paused: set[str] = set()
-        self._link_of: dict[str, str] = {}  # extra sockets (open_link) -> their link
+        self._link_of: dict[str, str] = {}  # extra sockets (open_link, many) -> their link
+        self._target_of: dict[str, str] = {}  # link socket -> the "node.port" it connects to
         self._custom_handlers: dict[str, Callable] = {}
         self._handlers: dict[zmq.Socket, tuple[str, Callable | None, bool]] = {}
         self._timers: list[list] = []  # [next_due, period, fn]
@@ -377,9 +391,21 @@ class Node:
                 self._xpub[sock] = port
                 self._poller.register(sock, zmq.POLLIN)
             self._add_socket(port, sock)
-        for name in self.links:
-            if name in self.ctx.spec.links:
+        for name, link in self.links.items():
+            if name not in self.ctx.spec.links:
+                continue
+            if not link.many:
+                self._target_of[name] = self.ctx.spec.targets(name)[0]
                 self._add_socket(name, self._connect_link(name))
+                continue
+            handler = getattr(self, f"on_{name}", None)
+            for index, target in enumerate(self.ctx.spec.targets(name)):
+                socket_name = f"{name}_{index}"
+                self._link_of[socket_name] = name
+                self._target_of[socket_name] = target
+                if handler is not None:  # bound to its index; kept across reopen()
+                    self._custom_handlers[socket_name] = functools.partial(handler, index)
+                self._add_socket(socket_name, self._connect_link(socket_name))
         if self.ctx.supervisor:
             sup_opts = dataclasses.replace(opts, hwm=100, linger_ms=200)
             self._supervisor = sockets.connect(
@@ -388,10 +414,26 @@ class Node:
 
     def open_link(self, link: str, name: str) -> str:
         """One more socket on ``link`` (same targets), named ``name``; returns the name.
-        Give it a handler with :meth:`set_handler`."""
-        self._link_of[name] = link
+        Give it a handler with :meth:`set_handler`. For a many-link, ``link`` names one
+        of its sockets (``<link>_<i>``): the new one connects to that target."""
+        if link not in self._target_of:
+            many = self.link_sockets(link)
+            raise ValueError(f"'{link}' is no connected link socket of this node"
+                             + (f" (a many-link: name one of {', '.join(many)})" if many else ""))
+        self._link_of[name] = self._link_of.get(link, link)
+        self._target_of[name] = self._target_of[link]
         self._add_socket(name, self._connect_link(name))
         return name
+
+    def link_sockets(self, link: str) -> list[str]:
+        """The sockets of ``link`` in target order: ``[link]`` for a connected plain link,
+        ``<link>_0``, ``<link>_1``, ... for a many-link; none when the link is not given.
+        (Extra sockets of :meth:`open_link` are not among them.)"""
+        declared = self.links.get(link)
+        if declared is None or not declared.many:
+            return [link] if link in self._target_of else []
+        return [f"{link}_{i}" for i in range(len(self.ctx.spec.targets(link)))
+                if f"{link}_{i}" in self._target_of]
 
     def set_handler(self, name: str, handler: Callable[[list, wire.Message], None]) -> None:
         sock = self.sockets[name]
@@ -401,9 +443,8 @@ class Node:
         self._custom_handlers[name] = handler
 
     def _connect_link(self, name: str) -> zmq.Socket:
-        link_name = self._link_of.get(name, name)
-        link = self.links[link_name]
-        addresses = self.ctx.endpoints.link_addresses(self.ctx.spec.links[link_name])
+        link = self.links[self._link_of.get(name, name)]
+        addresses = self.ctx.endpoints.link_addresses(self._target_of[name])
         opts = dataclasses.replace(self.socket_options, hwm=link.hwm or self.socket_options.hwm,
                                    immediate=link.immediate)
         return sockets.connect(self._zctx, link.socket, addresses, opts)
@@ -478,8 +519,7 @@ class Node:
 
     def link_replicas(self, name: str) -> int:
         """How many bound ports (replicas) the link socket ``name`` connects to."""
-        link = self._link_of.get(name, name)
-        return max(1, len(self.ctx.endpoints.link_addresses(self.ctx.spec.links[link])))
+        return max(1, len(self.ctx.endpoints.link_addresses(self._target_of[name])))
 
     def every(self, seconds: float, fn: Callable[[], None]) -> None:
         self._timers.append([time.monotonic() + seconds, seconds, fn])
@@ -743,9 +783,8 @@ class Node:
         links: dict[str, dict[str, Any]] = {}
         for name, stats in self._traffic.items():
             last = self._last_traffic.get(name, [0, 0, 0, 0])
-            link = self._link_of.get(name, name)
             links[name] = {"role": "bind", "peer": self.binds[name]} if name in self.binds \
-                else {"role": "link", "peer": self.ctx.spec.links.get(link, "")}
+                else {"role": "link", "peer": self._target_of.get(name, "")}
             if stats[0] or stats[2]:
                 row[f"{name}_msgs_per_s"] = round((stats[0] + stats[2] - last[0] - last[2]) / dt, 1)
                 row[f"{name}_bytes_per_s"] = round((stats[1] + stats[3] - last[1] - last[3]) / dt)

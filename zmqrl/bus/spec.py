@@ -25,7 +25,8 @@ class NodeSpec:
     binds: dict[str, str] = field(default_factory=dict)  # only for command nodes
     replicas: int = 1
     args: dict[str, Any] = field(default_factory=dict)
-    links: dict[str, str] = field(default_factory=dict)
+    # link -> "node.port"; a list of them for a link declared ``many`` (zmqrl.bus.node.Link)
+    links: dict[str, str | list[str]] = field(default_factory=dict)
     host: str | None = None
     cores: list[int] = field(default_factory=list)  # zmqrl.bus.cores
     resources: dict[str, Any] = field(default_factory=dict)  # {cpus, gpus, custom}
@@ -36,6 +37,22 @@ class NodeSpec:
     def target(self) -> str | None:
         """The "module:Class" that implements this node (None for a command)."""
         return self.impl or (plugins.import_path("node", self.kind) if self.kind else None)
+
+    def targets(self, link: str) -> list[str]:
+        """The "node.port" targets of ``link``, in order: one for a plain link, each of
+        a many-link's list; none where the link is not given."""
+        value = self.links.get(link)
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else list(value)
+
+    def links_to(self, link: str, target: str) -> bool:
+        """Whether ``link`` names ``target`` ("node.port"), alone or in its list."""
+        return target in self.targets(link)
+
+    def all_targets(self) -> list[str]:
+        """Every target of every link, in link order (a many-link's each)."""
+        return [t for link in self.links for t in self.targets(link)]
 
 
 @dataclass

@@ -217,7 +217,9 @@ def _actor_envs(topo: dict[str, Any], broker: str) -> int | None:
     total = 0
     for spec in (topo.get("nodes") or {}).values():
         spec = spec or {}
-        if any(str(t).split(".")[0] == broker for t in (spec.get("links") or {}).values()):
+        targets = [t for given in (spec.get("links") or {}).values()
+                   for t in (given if isinstance(given, list) else [given])]  # many-links
+        if any(str(t).split(".")[0] == broker for t in targets):
             envs = (spec.get("args") or {}).get("envs")
             if not isinstance(envs, int):
                 return None

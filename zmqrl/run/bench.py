@@ -130,11 +130,13 @@ def _bench_topology(topology_path: str, actors: int, envs: int, with_learner: bo
         node["cores"] = pinned
     if not with_learner:
         feeder = raw["nodes"][counted] if remote else node
-        consumer = feeder.get("links", {}).get("experience", "").partition(".")[0]
-        if raw["nodes"].get(consumer, {}).get("kind") == "replay":
-            # nothing samples it now: no ratio to wait for
-            raw["nodes"][consumer].setdefault("args", {}).update(samples_per_insert=None,
-                                                                 error_buffer=None)
+        given = feeder.get("links", {}).get("experience", "")
+        for target in [given] if isinstance(given, str) else given:  # a many-link: each
+            consumer = target.partition(".")[0]
+            if raw["nodes"].get(consumer, {}).get("kind") == "replay":
+                # nothing samples it now: no ratio to wait for
+                raw["nodes"][consumer].setdefault("args", {}).update(samples_per_insert=None,
+                                                                     error_buffer=None)
         raw["nodes"]["learner"] = {"kind": "sink"}
     return from_dict(raw, topology_path), counted
 

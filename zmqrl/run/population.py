@@ -1,11 +1,15 @@
 """Population-based training: the topology's ``population`` section and PBT's decisions.
 
 ``expand(raw)`` turns a topology with a ``population: {size: K, ...}`` section into an
-ordinary one: every node (but the ``pbt`` controller) is copied once per member with
-the suffix ``_m<i>``, its links renamed to its own member's nodes, and each member's
-learner gets ``args.member`` and ``args.hyperparameters`` (drawn from the section's
-distributions with the topology's seed) plus a ``pbt`` link to the controller. Nodes
-therefore see plain nodes; only :mod:`nodes.pbt` knows about members.
+ordinary one: every node (but the ``pbt`` controller and the section's ``shared`` nodes)
+is copied once per member with the suffix ``_m<i>``, its links renamed to its own
+member's nodes, and each member's learner gets ``args.member`` and
+``args.hyperparameters`` (drawn from the section's distributions with the topology's
+seed) plus a ``pbt`` link to the controller. A shared node's link to a copied node
+becomes the list of every member's copy, in member order (``learner.params`` ->
+``[learner_m0.params, learner_m1.params, ...]``: a many-link, zmqrl.bus.node.Link); a
+member's links to shared nodes stay as written. Nodes therefore see plain nodes; only
+:mod:`nodes.pbt` knows about members.
 
 ``decide`` is PBT's exploit/explore step (Jaderberg et al. 2017) as a pure function:
 truncation selection (a member in the bottom fraction copies one of the top fraction,
@@ -182,15 +186,22 @@ def expand(raw: Any) -> Any:
     copied = [name for name in nodes if name not in shared]
     expanded: dict[str, Any] = {n: b for n, b in nodes.items() if n in shared}
     expanded.setdefault(CONTROLLER, {"kind": "pbt"})
+    for body in expanded.values():
+        links = body.get("links") if isinstance(body, dict) else None
+        for link, given in list(links.items() if isinstance(links, dict) else ()):
+            # one node serves every member: it links to each member's copy
+            targets = _renamed(given, copied, range(settings.size))
+            if targets is not None:
+                links[link] = targets
     for member in range(settings.size):
         hyper = sample_all(settings, rng)
         for name in copied:
             body = copy.deepcopy(nodes[name])
             links = body.get("links", {})
-            for link, target in list(links.items()):
-                node, _, port = str(target).partition(".")
-                if node in copied:
-                    links[link] = f"{member_name(node, member)}.{port}"
+            for link, given in list(links.items()):
+                targets = _renamed(given, copied, [member])
+                if targets is not None:  # to its own member's copy
+                    links[link] = targets[0] if isinstance(given, str) else targets
             if _learns(body):
                 if body.get("replicas", 1) != 1:  # a load would reach one replica only
                     raise ValueError(f"population: node '{name}': a member's learner must "
@@ -205,6 +216,24 @@ def expand(raw: Any) -> Any:
     ctl = expanded[CONTROLLER]
     ctl.setdefault("args", {})["population"] = section
     return out
+
+
+def _renamed(given: Any, copied: list[str], members: Any) -> list[str] | None:
+    """A link's targets (a "node.port" or a list of them) with each that names a copied
+    node replaced by its copies of ``members``, in order; None where none does (or the
+    value is malformed: the schema reports it)."""
+    given_list = [given] if isinstance(given, str) else given
+    if not isinstance(given_list, list) or not all(isinstance(t, str) for t in given_list):
+        return None
+    out, renamed = [], False
+    for target in given_list:
+        node, _, port = target.partition(".")
+        if node in copied:
+            out += [f"{member_name(node, m)}.{port}" for m in members]
+            renamed = True
+        else:
+            out.append(target)
+    return out if renamed else None
 
 
 def _learns(body: dict[str, Any]) -> bool:

@@ -245,7 +245,7 @@ class RunMetrics:
         return {name for name, spec in self.topo.nodes.items()
                 if self.node_roles.get(name) == roles.ACTS and not any(
                     self.node_roles.get(target.split(".")[0]) == roles.SERVES
-                    for target in spec.links.values())}
+                    for target in spec.all_targets())}
 
     @property
     def total_env_steps(self) -> int:

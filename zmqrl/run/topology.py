@@ -3,7 +3,8 @@
 A topology names the env, model and algorithm once, then its nodes: each has a ``kind``
 (a node in ``nodes/``), or ``impl: module:Class`` (any Node subclass), or ``command``
 (any program that speaks the wire protocol), plus ``replicas``, ``args`` and ``links``
-(``{link_name: "node.port"}``). Every problem is reported at once, each naming the
+(``{link_name: "node.port"}``, or a list of them for a link its class declares ``many``:
+zmqrl.bus.node.Link). Every problem is reported at once, each naming the
 file, the node and the field.
 
 Paths in a topology file (``network.curve.keys``) are relative to the file's directory;
@@ -38,6 +39,7 @@ RESTART_POLICIES = ("always", "on-failure", "never")
 _COMPATIBLE = {"dealer": "router", "sub": "pub", "push": "pull"}
 
 _NAME = r"^[A-Za-z][A-Za-z0-9_]*$"
+_TARGET = {"type": "string", "pattern": r"^\w+\.\w+$"}  # a link's "node.port"
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["name", "env", "nodes"],
@@ -124,7 +126,9 @@ SCHEMA: dict[str, Any] = {
                     "args": {"type": "object"},
                     "links": {
                         "type": "object",
-                        "additionalProperties": {"type": "string", "pattern": r"^\w+\.\w+$"},
+                        # a list only for a link declared many (checked with its class)
+                        "additionalProperties": {"anyOf": [
+                            _TARGET, {"type": "array", "items": _TARGET, "minItems": 1}]},
                     },
                     "host": {"type": "string"},
                     # One core per replica for its main thread, kept free of every other
@@ -319,6 +323,9 @@ def _schema_errors(raw: Any) -> list[tuple[tuple, str]]:
                    + (f" (has {', '.join(given)})" if given else ""))
         elif err.validator == "additionalProperties" and not err.absolute_path:
             msg = err.message.replace("Additional properties", "unknown top-level field(s)")
+        elif err.validator == "anyOf" and list(err.absolute_path)[2:3] == ["links"]:
+            msg = (f"{err.instance!r} is neither a 'node.port' target nor a non-empty list "
+                   "of them")
         else:
             msg = err.message
         out.append((tuple(err.absolute_path), msg))
@@ -353,31 +360,20 @@ def _semantic_errors(topo: Topology, broken: set[str],
                 if cls.links[link].required:
                     errors.append((("nodes", spec.name, "links"),
                                    f"missing required link '{link}'"))
-        for link, target in spec.links.items():
+        for link, given in spec.links.items():
             where = ("nodes", spec.name, "links", link)
             if cls is not None and link not in cls.links:
                 errors.append((where, f"{cls.__name__} has no link '{link}' "
                                       f"(it has: {', '.join(cls.links) or 'none'})"))
                 continue
-            node_name, _, port = target.partition(".")
-            if node_name in broken:
-                continue  # that node's own errors are already reported
-            if node_name not in topo.nodes:
-                errors.append((where, f"'{target}' names no node '{node_name}' "
-                                      f"(nodes: {', '.join(sorted({*topo.nodes, *broken}))})"))
+            if isinstance(given, list) and cls is not None and not cls.links[link].many:
+                errors.append((where, f"link '{link}' takes one target (node.port), "
+                                      "not a list"))
                 continue
-            if node_name in classes:
-                ports = dict(classes[node_name].binds)
-            elif topo.nodes[node_name].command is not None:
-                ports = dict(topo.nodes[node_name].binds)
-            else:
-                continue  # the target's kind is unknown; reported above
-            if port not in ports:
-                errors.append((where, f"node '{node_name}' binds no port '{port}' "
-                                      f"(it binds: {', '.join(ports) or 'nothing'})"))
-            elif cls is not None and _COMPATIBLE[cls.links[link].socket] != ports[port]:
-                errors.append((where, f"a {cls.links[link].socket} link cannot connect to "
-                                      f"'{target}', a {ports[port]} port"))
+            # A command node's links are its own business: a list is taken as given.
+            for i, target in enumerate([given] if isinstance(given, str) else given):
+                errors += _target_errors(topo, classes, broken, cls, link, target,
+                                         where if isinstance(given, str) else (*where, i))
     errors += cores.errors(topo)
     errors += _rendezvous_errors(topo, classes)
     errors += _algo_errors(topo.algo)
@@ -385,6 +381,32 @@ def _semantic_errors(topo: Topology, broken: set[str],
     errors += _env_model_errors(topo) if node is None else []
     errors += _network_errors(topo.network)
     return errors
+
+
+def _target_errors(topo: Topology, classes: dict[str, type], broken: set[str],
+                   cls: type | None, link: str, target: str,
+                   where: tuple) -> list[tuple[tuple, str]]:
+    """What is wrong with one target ("node.port") of ``link``: a node that is not
+    there, a port it does not bind, a socket the link's cannot connect to."""
+    node_name, _, port = target.partition(".")
+    if node_name in broken:
+        return []  # that node's own errors are already reported
+    if node_name not in topo.nodes:
+        return [(where, f"'{target}' names no node '{node_name}' "
+                        f"(nodes: {', '.join(sorted({*topo.nodes, *broken}))})")]
+    if node_name in classes:
+        ports = dict(classes[node_name].binds)
+    elif topo.nodes[node_name].command is not None:
+        ports = dict(topo.nodes[node_name].binds)
+    else:
+        return []  # the target's kind is unknown; reported with it
+    if port not in ports:
+        return [(where, f"node '{node_name}' binds no port '{port}' "
+                        f"(it binds: {', '.join(ports) or 'nothing'})")]
+    if cls is not None and _COMPATIBLE[cls.links[link].socket] != ports[port]:
+        return [(where, f"a {cls.links[link].socket} link cannot connect to "
+                        f"'{target}', a {ports[port]} port")]
+    return []
 
 
 def _rendezvous_errors(topo: Topology, classes: dict[str, type]) -> list[tuple[tuple, str]]:

@@ -38,7 +38,7 @@ class LocalActing:
         destination = "param_server" if "param_server" in actor.sockets else "experience"
         cls = behaviour_for(topo.parts_config, destination, topo.acting)
         epsilon = actor.epsilon() if cls.explores_by_epsilon else 0.0
-        link = actor.ctx.spec.links.get("experience", "")
+        link = (actor.ctx.spec.targets("experience") or [""])[0]  # a plain link: one
         self.behaviour = cls(ActingSetup(
             actor.spec, self.model, cfg, epsilon, actor.seed,
             args=actor.behaviour_args(),

@@ -239,7 +239,7 @@ class RaySupervisor(Supervisor):
     def _role(self, slot: placement.Slot) -> Role:
         spec = self.topo.nodes[slot.node]
         links = {}
-        for target in spec.links.values():
+        for target in spec.all_targets():  # a many-link: each of its targets
             node = target.partition(".")[0]
             replicas = self.topo.nodes[node].replicas
             links[target] = [make_label(node, r, replicas) for r in range(replicas)]
