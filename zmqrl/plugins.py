@@ -37,6 +37,8 @@ GROUPS = {
     # a zmqrl.bus.messages.MessageSet: an algorithm's own message variants (its replay
     # items, its acting) and their shape symbols
     "messages": "zmqrl.messages",
+    # a zmqrl.parts.selfplay.matchmaking.Matchmaker: whom a population member plays next
+    "matchmaker": "zmqrl.matchmakers",
 }
 
 
