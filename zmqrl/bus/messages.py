@@ -41,6 +41,7 @@ SYMBOLS: dict[str, tuple[str, int]] = {
     "m": ("rows selected by a mask", 0),
     "A": ("actions of a discrete action space", 1),
     "S": ("bytes of a serialized state (`torch.save` of state dicts)", 1),
+    "g": ("games reported", 1),
 }
 # "*obs" / "*action" stand for the env's observation / action shape (discrete: []).
 STAR = ("*obs", "*action")
@@ -271,6 +272,7 @@ _INCARNATION = Field("incarnation", "str", False,
 REPLAY_SOURCE = Field("source", "str", False,
                        doc="the replay's incarnation (its keys mean nothing to another)")
 _PBT_MEMBER = Field("member", "int", rule="nonneg", doc="the member's index")
+MAX_PLAYERS = 4096  # names in one `games` message
 _PBT_HYPER = Field("hyperparameters", "map", doc="name → value (`algo` fields; `lr` also "
                                                   "sets the optimizer's)")
 _VERSION = Field("version", "int", rule="nonneg",
@@ -501,6 +503,24 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 Field("donor", "int", rule="nonneg", doc="whose state it loaded"),
                 Field("donor_updates", "int", rule="nonneg",
                       doc="the donor's update count in that state"), _PBT_HYPER)),
+    # A population's games and ratings (nodes/population_broker.py, nodes/population_league.py)
+    MessageSpec(
+        wire.GAMES, "Finished games, for the ratings: game `i` was `players[first[i]]` "
+        "(seat 0) against `players[second[i]]` (seat 1), and seat 0 scored `score[i]` "
+        "(1 win, 0.5 draw, 0 loss). Not answered (a lost batch loses those games' ratings "
+        "updates, nothing else).", "broker → league `games`",
+        fields=(Field("players", "list", doc=f"the names the indices refer to (at most "
+                                             f"{MAX_PLAYERS}, each a short string)"),
+                Field("source", "str", False, doc="the sender's label")),
+        arrays=(Array("first", "int32", ("g",), rules=("nonneg",), doc="seat 0's index"),
+                Array("second", "int32", ("g",), rules=("nonneg",), doc="seat 1's index"),
+                Array("score", "float32", ("g",), rules=("unit",), doc="seat 0's score"))),
+    MessageSpec(
+        wire.RATINGS, "Every rated player's Elo, about once a second.",
+        "league `ratings` → subscribers (brokers' matchmaking, pbt's ranking)",
+        fields=(Field("ratings", "map", doc="player name → rating (finite, |r| <= 10000)"),
+                Field("games", "int", rule="nonneg", doc="games rated so far"),
+                Field("source", "str", False, doc="the league's incarnation"))),
 )
 
 SPECS: dict[str, MessageSpec] = {s.key: s for s in MESSAGES}

@@ -99,11 +99,14 @@ PBT_GET_STATE = "pbt_get_state"  # pbt -> donor learner: reply pbt_state
 PBT_STATE = "pbt_state"  # donor learner -> pbt: weights + optimizer state (``state`` bytes)
 PBT_LOAD = "pbt_load"  # pbt -> recipient learner: a donor's state and new hyperparameters
 PBT_LOADED = "pbt_loaded"  # recipient learner -> pbt: loaded (its new parameter version)
+# A population's games (nodes/population_broker.py, nodes/population_league.py)
+GAMES = "games"  # whoever plays -> league ``games``: finished games (players, scores)
+RATINGS = "ratings"  # league -> subscribers (PUB): every player's rating
 
 MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS,
                            INSERT, SAMPLE, BATCH, PRIORITIES, REVISE, GRADS, GET_PARAMS, CREDIT,
                            ERROR, DESCRIBE, DESCRIPTION, PBT_REPORT, PBT_GET_STATE,
-                           PBT_STATE, PBT_LOAD, PBT_LOADED})
+                           PBT_STATE, PBT_LOAD, PBT_LOADED, GAMES, RATINGS})
 
 _ALLOWED_DTYPES = frozenset(
     f"{k}{n}" for k, sizes in (("int", (8, 16, 32, 64)), ("uint", (8, 16, 32, 64)),
