@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 import zmq
 
 from zmqrl.bus import messages, sockets, wire
-from zmqrl.bus.node import Node
+from zmqrl.bus.node import Link, Node
 from zmqrl.parts.checkpoint import Checkpointer, Format, node_checkpoint
 from zmqrl.run.population import (
     Bindings,
@@ -76,6 +76,8 @@ class _Underway:
 class PBTController(Node):
     binds = {"members": "router"}
     accepts = {"members": (wire.PBT_REPORT, wire.PBT_STATE, wire.PBT_LOADED, wire.ERROR)}
+    # population.rank_by: rating — a league's ratings (player m<k> is member k's policy)
+    links = {"ratings": Link("sub", required=False, hwm=4)}
     metrics_interval_s = 1.0
 
     @dataclass
@@ -89,9 +91,15 @@ class PBTController(Node):
 
     @classmethod
     def check_spec(cls, spec, topo) -> list[tuple[tuple, str]]:  # noqa: ANN001
-        if not spec.args.get("population"):
+        population = spec.args.get("population")
+        if not population:
             return [(("nodes", spec.name, "args", "population"),
                      "a pbt node needs the topology's population section")]
+        if isinstance(population, dict) and population.get("rank_by") == "rating" \
+                and "ratings" not in spec.links:
+            return [(("nodes", spec.name, "links"),
+                     "population.rank_by: rating needs a 'ratings' link to a league's "
+                     "ratings port (e.g. ratings: league.ratings)")]
         return []
 
     def setup(self) -> None:
@@ -138,6 +146,16 @@ class PBTController(Node):
             self._on_state(member, identity, msg)
         else:
             self._on_loaded(member, identity, f)
+
+    def on_ratings(self, _envelope: list, msg: wire.Message) -> None:
+        """A league's ratings: each member's current policy is the player ``m<k>``."""
+        if msg.type != wire.RATINGS:
+            raise wire.ProtocolError(f"ratings link takes '{wire.RATINGS}', not '{msg.type}'")
+        messages.check(msg, messages.spec(wire.RATINGS), _CONTEXT)  # names, bounded values
+        ratings = msg.fields["ratings"]
+        for member in range(self.pop.settings.size):
+            if f"m{member}" in ratings:
+                self.pop.on_rating(member, ratings[f"m{member}"])
 
     def _on_report(self, member: int, identity: Identity, f: dict[str, Any]) -> None:
         decision = self.pop.on_report(member, int(f["steps"]), f.get("mean_return"),
@@ -188,6 +206,8 @@ class PBTController(Node):
             "recipient_steps": self.pop.members[member].steps,
             "recipient_return": decision.recipient_return,  # when it was decided
             "donor_return": decision.donor_return, "donor_updates": f.get("donor_updates"),
+            "rank_by": self.pop.settings.rank_by, "recipient_score": decision.recipient_score,
+            "donor_score": decision.donor_score,
             "old_hyperparameters": old, "hyperparameters": decision.hyperparameters,
             "how": decision.how})
         self.checkpointer.save()
@@ -251,6 +271,9 @@ class PBTController(Node):
         returns = [m.mean_return for m in self.pop.members.values() if m.mean_return is not None]
         if returns:
             row["best_return"] = round(max(returns), 2)
+        ratings = [m.rating for m in self.pop.members.values() if m.rating is not None]
+        if ratings:
+            row["best_rating"] = round(max(ratings), 1)
         return row
 
     def teardown(self) -> None:

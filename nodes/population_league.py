@@ -20,7 +20,7 @@ is refused.
 Files in the run directory: ``league/ratings.jsonl``, one line every ``history_every_s``
 with the members' ratings (for plots; none while no game was rated since the last), and
 the checkpoint ``checkpoints/<label>.json`` (the ratings and how long each player has
-been idle), written every ``checkpoint_every_s`` and at exit, restored at start.
+been idle), written every ``checkpoint_every_s`` and at exit (0: only at exit), restored at start.
 Metrics: ``games_rated``, ``players``, ``population/elo_m<k>`` per member and
 ``population/elo_best`` (the best member's, in the progress line).
 """
@@ -85,8 +85,11 @@ class PopulationLeague(Node):
             return ("nodes", spec.name, "args", name)
 
         errors = [(where(name), "must be finite and > 0") for name in (
-            "k", "settle", "publish_every_s", "checkpoint_every_s", "forget_after_s",
-            "history_every_s") if not (math.isfinite(getattr(a, name)) and getattr(a, name) > 0)]
+            "k", "settle", "publish_every_s", "forget_after_s", "history_every_s")
+            if not (math.isfinite(getattr(a, name)) and getattr(a, name) > 0)]
+        if not (math.isfinite(a.checkpoint_every_s) and a.checkpoint_every_s >= 0):
+            errors.append((where("checkpoint_every_s"), "must be finite and >= 0 (0: only "
+                                                        "at exit)"))
         if not (0 < a.k_min <= a.k):
             errors.append((where("k_min"), f"must be in (0, k] (k is {a.k:g})"))
         if not (math.isfinite(a.initial) and abs(a.initial) <= MAX_RATING):

@@ -186,7 +186,7 @@ def needed_nodes(raw_path: Path, node: str) -> list[str]:
         if name in out:
             continue
         out.append(name)
-        todo += [target.split(".")[0] for target in topo.nodes[name].links.values()]
+        todo += [target.split(".")[0] for target in topo.nodes[name].all_targets()]
     return out
 
 
@@ -295,7 +295,9 @@ def _field_value(draw: st.DrawFn, f: messages.Field, hostile: bool, names: dict)
     if f.type == "bool":
         return draw(st.booleans())
     if f.type == "map":
-        return {"x": 1.0} if f.rule == "row" else {}
+        return {"x": 1.0} if f.rule == "row" else {"m0": 1000.0} if f.rule == "ratings" else {}
+    if f.rule == "names":  # enough for the benign index arrays (0..3) to name a player
+        return ["m0", "m1", "m2", "m3"]
     return [0.5] if f.rule == "numbers" else []
 
 

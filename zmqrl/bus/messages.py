@@ -83,6 +83,8 @@ RULES: dict[str, str] = {
     "action": "inside the action space",
     "row": "a map from str to a number or str",
     "numbers": "a list of finite numbers",
+    "names": "a list of at most 4096 names (strings of 1 to 64 characters)",
+    "ratings": "a map of at most 4096 names (1 to 64 characters) to numbers within ±10000",
     "shows": f"at most {roles.MAX_SHOWN} names (of at most 64 characters) to "
              f"{' or '.join(f'`{p}`' for p in roles.POOLING)}",
     "behaviour_args": f"at most {MAX_BEHAVIOUR_ARGS} names (of at most 64 characters) to "
@@ -272,7 +274,9 @@ _INCARNATION = Field("incarnation", "str", False,
 REPLAY_SOURCE = Field("source", "str", False,
                        doc="the replay's incarnation (its keys mean nothing to another)")
 _PBT_MEMBER = Field("member", "int", rule="nonneg", doc="the member's index")
-MAX_PLAYERS = 4096  # names in one `games` message
+MAX_PLAYERS = 4096  # names in one `games` or `ratings` message
+MAX_NAME = 64  # characters of a player's name
+MAX_RATING = 10_000.0  # a rating's magnitude (a 400-point lead is 10:1 odds)
 _PBT_HYPER = Field("hyperparameters", "map", doc="name → value (`algo` fields; `lr` also "
                                                   "sets the optimizer's)")
 _VERSION = Field("version", "int", rule="nonneg",
@@ -509,8 +513,8 @@ MESSAGES: tuple[MessageSpec, ...] = (
         "(seat 0) against `players[second[i]]` (seat 1), and seat 0 scored `score[i]` "
         "(1 win, 0.5 draw, 0 loss). Not answered (a lost batch loses those games' ratings "
         "updates, nothing else).", "broker → league `games`",
-        fields=(Field("players", "list", doc=f"the names the indices refer to (at most "
-                                             f"{MAX_PLAYERS}, each a short string)"),
+        fields=(Field("players", "list", rule="names",
+                      doc="the names the indices refer to (`first`, `second` < its length)"),
                 Field("source", "str", False, doc="the sender's label")),
         arrays=(Array("first", "int32", ("g",), rules=("nonneg",), doc="seat 0's index"),
                 Array("second", "int32", ("g",), rules=("nonneg",), doc="seat 1's index"),
@@ -518,7 +522,7 @@ MESSAGES: tuple[MessageSpec, ...] = (
     MessageSpec(
         wire.RATINGS, "Every rated player's Elo, about once a second.",
         "league `ratings` → subscribers (brokers' matchmaking, pbt's ranking)",
-        fields=(Field("ratings", "map", doc="player name → rating (finite, |r| <= 10000)"),
+        fields=(Field("ratings", "map", rule="ratings", doc="player name → Elo"),
                 Field("games", "int", rule="nonneg", doc="games rated so far"),
                 Field("source", "str", False, doc="the league's incarnation"))),
 )
@@ -638,6 +642,10 @@ def _abs_max_at_most(a: np.ndarray, limit: float) -> bool:
     return bool(np.maximum.reduce(np.abs(a), axis=None) <= limit)
 
 
+def _name_ok(name: Any) -> bool:
+    return type(name) is str and 0 < len(name) <= MAX_NAME
+
+
 def _rule_ok(rule: str, value: Any) -> bool:
     """Field rules (scalars and small containers)."""
     if rule == "finite":
@@ -655,6 +663,12 @@ def _rule_ok(rule: str, value: Any) -> bool:
                    for k, v in value.items())
     if rule == "numbers":
         return all(type(v) in (int, float) and math.isfinite(v) for v in value)
+    if rule == "names":
+        return len(value) <= MAX_PLAYERS and all(_name_ok(v) for v in value)
+    if rule == "ratings":
+        return len(value) <= MAX_PLAYERS and all(
+            _name_ok(k) and type(v) in (int, float) and abs(v) <= MAX_RATING  # NaN fails
+            for k, v in value.items())
     if rule == "shows":
         return len(value) <= roles.MAX_SHOWN and all(
             type(k) is str and len(k) <= 64 and v in roles.POOLING for k, v in value.items())

@@ -60,6 +60,10 @@ SCHEMA: dict[str, Any] = {
                     "minItems": 2, "maxItems": 2},
         "resample_probability": {"type": "number", "minimum": 0, "maximum": 1},
         "shared": {"type": "array", "items": {"type": "string"}},  # nodes not copied
+        # what ranks the members: their mean episode return (reported by each learner),
+        # or their rating (published by a league on the controller's `ratings` link:
+        # self-play, where a return says nothing of strength)
+        "rank_by": {"enum": ["mean_return", "rating"]},
     },
 }
 
@@ -75,6 +79,7 @@ class Settings:
     perturb: tuple[float, float] = (0.8, 1.2)
     resample_probability: float = 0.25
     shared: tuple[str, ...] = ()
+    rank_by: str = "mean_return"
     # The topology's algo section the members start from: whose fields the
     # hyperparameters are, and whose ranges bound them. None: not known (no field checks).
     algo: Mapping[str, Any] | None = None
@@ -283,6 +288,7 @@ class Member:
 
     steps: int = 0
     mean_return: float | None = None
+    rating: float | None = None  # the league's, when members are ranked by rating
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     checkpointed: bool = False
     last_ready: int = 0  # steps at its last ready point
@@ -296,6 +302,8 @@ class Decision:
     how: dict[str, str]  # hyperparameter -> "perturb x0.8" / "resample"
     recipient_return: float | None = None  # their mean returns when it was decided
     donor_return: float | None = None
+    recipient_score: float | None = None  # what ranked them (settings.rank_by)
+    donor_score: float | None = None
 
 
 def decide(member: int, members: dict[int, Member], settings: Settings,
@@ -303,10 +311,13 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
     """At ``member``'s ready point: None if it stays as it is (not in the bottom
     fraction, or no donor), else whom it copies and its new hyperparameters.
 
-    Ranking counts only members with a mean return; donors must have a checkpoint
+    Ranking (by ``settings.rank_by``: mean return or rating) counts only members that
+    have one; donors must have a checkpoint
     (a member that never checkpointed is never copied, ray#27170)."""
-    ranked = sorted((i for i, m in members.items() if m.mean_return is not None),
-                    key=lambda i: members[i].mean_return)  # worst first
+    def score(i: int) -> float | None:
+        return getattr(members[i], settings.rank_by)
+
+    ranked = sorted((i for i in members if score(i) is not None), key=score)  # worst first
     if member not in ranked or len(ranked) < 2:
         return None
     cut = max(1, math.floor(len(ranked) * settings.truncation))
@@ -337,7 +348,7 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
             if name in hyper and hyper[name] != given.get(name):
                 hyper[name], how[name] = given[name], f"copy ({how[name]} gave {problem})"
     return Decision(member, donor, hyper, how, members[member].mean_return,
-                    members[donor].mean_return)
+                    members[donor].mean_return, score(member), score(donor))
 
 
 def perturb(value: float, factor: float, distribution: Mapping[str, Any] | None) -> float:
@@ -411,6 +422,10 @@ class Population:
 
     def abandon(self, member: int) -> None:
         self.pending.pop(member, None)
+
+    def on_rating(self, member: int, rating: float) -> None:
+        """The league's rating of ``member``'s current policy (``rank_by: rating``)."""
+        self.members.setdefault(member, Member()).rating = float(rating)
 
     def state(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()

@@ -85,6 +85,10 @@ SCHEMA: dict[str, Any] = {
                 "set": {"type": "array", "items": {"type": "string"}},  # --set for the test
                 # where this file is run instead (a long or pixel run), with why
                 "tested_by": {"type": "string"},
+                # the return takes minutes to reach: asked on request (ZMQRL_LONG_TESTS=1);
+                # otherwise the run goes `seconds_short` and must move data and update
+                "long": {"type": "boolean"},
+                "seconds_short": {"type": "number", "exclusiveMinimum": 0},
             },
         },
         "algo": {"type": "object", "properties": {"kind": {"type": "string"}}},

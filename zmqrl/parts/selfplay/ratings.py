@@ -20,7 +20,7 @@ so old results must fade, and thousands of games a minute must each cost O(1).
     {"format": 1, "games": 5120,
      "players": {"m0": {"rating": 1032.5, "games": 812, "frozen": false}, ...}}
 
-No torch, no numpy needed.
+No torch here.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zmqrl.bus.messages import MAX_RATING  # what a `ratings` message may carry
 from zmqrl.parts.selfplay.elo import expected_score
 
 FORMAT = 1
-MAX_RATING = 10_000.0  # far beyond any real spread (a 400-point lead is 10:1 odds)
 
 
 @dataclass

@@ -1,0 +1,232 @@
+"""Does Capture the Flag's recipe pay? What BENCHMARKS.md records for
+topologies/population_league.yaml.
+
+    python benchmarks/population_league.py run --seconds 900 --out DIR
+    python benchmarks/population_league.py compare DIR [--games 200] [--bot-simulations 100]
+    python benchmarks/population_league.py plot DIR [--png docs/population_league_ratings.png]
+
+``run``: two arms of equal wall time on this machine, one after the other.
+(1) ``zmqrl up topologies/population_league.yaml`` (four members that play each other,
+matched by rating, PBT on rating) for ``--seconds``. (2) The same four hyperparameter
+draws (the population section's, drawn with the topology's seed) as four independent
+``topologies/selfplay.yaml`` runs side by side for ``--seconds``: the same game, model
+and algorithm settings, each learner playing only its own snapshots, the same 64 envs in
+all (16 per run) — and each league evaluating once, at the start, so that it takes no
+CPU the population's arm did not spend.
+
+``compare``: after the training (so that playing takes no CPU from it): the population's
+best member (by the league's last ratings) and the best independent run (by a round
+robin of the four, ``--round-robin-games`` a pair) play ``--games`` games head to head,
+half in each seat, each policy sampling its moves as it does in training; then each
+plays ``--games`` games against OpenSpiel's MCTS bot with ``--bot-simulations``
+random-rollout simulations a move. Prints the records and writes ``compare.json``.
+
+``plot``: the population members' Elo over time (the league's ``league/ratings.jsonl``)
+as a PNG.
+
+Every result line says the machine's load average: on a shared machine that is what
+makes figures comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TOPOLOGY = REPO / "topologies" / "population_league.yaml"
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def member_draws() -> list[dict[str, Any]]:
+    """Each member's hyperparameters, as ``population.expand`` draws them for the run."""
+    from zmqrl.run import population
+
+    expanded = population.expand(yaml.safe_load(TOPOLOGY.read_text()))
+    return [expanded["nodes"][f"learner_m{k}"]["args"]["hyperparameters"]
+            for k in range(len([n for n in expanded["nodes"] if n.startswith("learner_m")]))]
+
+
+def up(topology: Path, run_dir: Path, seconds: float, sets: list[str], log: Path
+       ) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "zmqrl.cli", "up", str(topology), "--run-dir", str(run_dir),
+           "--max-seconds", str(seconds)]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def run(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    draws = member_draws()
+    (out / "draws.json").write_text(json.dumps(draws, indent=1))
+    started = time.time()
+    proc = up(TOPOLOGY, out / "population", args.seconds, [], out / "population.log")
+    if proc.wait() != 0:
+        raise SystemExit(f"the population's run failed: {out / 'population.log'}")
+    print(f"population: {time.time() - started:.0f} s; {load()}", flush=True)
+    raw = yaml.safe_load(TOPOLOGY.read_text())
+    algo = {k: v for k, v in raw["algo"].items()}
+    started = time.time()
+    procs = []
+    for k, draw in enumerate(draws):
+        sets = [f"env.id={raw['env']['id']}", f"model={json.dumps(raw['model'])}",
+                f"algo={json.dumps({**algo, **draw})}", f"seed={raw['seed'] + k}",
+                "nodes.actor.replicas=1", "nodes.actor.args.envs=16",
+                "nodes.learner.args.checkpoint_every=20",
+                "nodes.league.args.eval_every_s=1000000"]
+        procs.append(up(REPO / "topologies" / "selfplay.yaml", out / f"independent_{k}",
+                        args.seconds, sets, out / f"independent_{k}.log"))
+    failed = [k for k, p in enumerate(procs) if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"independent runs {failed} failed (logs in {out})")
+    print(f"independent x{len(draws)}: {time.time() - started:.0f} s; {load()}", flush=True)
+
+
+def _model(run_dir: Path, label: str) -> Any:
+    import torch
+
+    from zmqrl.parts.acting.self_play import frozen_copy
+    from zmqrl.parts.envs import env_spec
+    from zmqrl.parts.models import build_model
+
+    raw = yaml.safe_load((run_dir / "topology.yaml").read_text()) \
+        if (run_dir / "topology.yaml").exists() else yaml.safe_load(TOPOLOGY.read_text())
+    model = build_model(raw["model"], env_spec(raw["env"]), seed=0)
+    state = torch.load(run_dir / "checkpoints" / f"{label}.pt", map_location="cpu",
+                       weights_only=True)
+    model.load_state_dict(state["model"])
+    return frozen_copy(model), int(state.get("updates", -1))
+
+
+def _play(game: Any, a: Any, b: Any, games: int) -> tuple[float, float, float]:
+    from zmqrl.parts.selfplay.matches import Evaluation, Match
+
+    evaluation = Evaluation(game, [Match(a, b, games)])
+    while not evaluation.advance(60.0):
+        pass
+    return evaluation.results()[(a.name, b.name)]
+
+
+def _score(record: tuple[float, float, float]) -> float:
+    wins, draws, losses = record
+    return (wins + 0.5 * draws) / max(1.0, wins + draws + losses)
+
+
+def compare(args: argparse.Namespace) -> None:
+    import torch
+
+    from zmqrl.parts.games import Game, game_name
+    from zmqrl.parts.selfplay.matches import MCTSPlayer, PolicyPlayer
+
+    torch.set_num_threads(1)
+    out = Path(args.dir)
+    raw = yaml.safe_load(TOPOLOGY.read_text())
+    game = Game(game_name(raw["env"]))
+    history = (out / "population" / "league" / "ratings.jsonl").read_text().splitlines()
+    ratings = json.loads(history[-1])["ratings"]
+    best_member = max((k for k in ratings if k.startswith("m") and "@" not in k),
+                      key=lambda k: ratings[k])
+    pop_model, pop_updates = _model(out / "population", f"learner_{best_member}")
+    population = PolicyPlayer(f"population_{best_member}", pop_model)
+    independents = []
+    for run_dir in sorted(out.glob("independent_*")):
+        if run_dir.is_dir():
+            model, updates = _model(run_dir, "learner")
+            independents.append((PolicyPlayer(run_dir.name, model), updates))
+    scores = {p.name: 0.0 for p, _ in independents}
+    for i, (a, _) in enumerate(independents):
+        for b, _ in independents[i + 1:]:
+            record = _play(game, a, b, args.round_robin_games)
+            scores[a.name] += _score(record)
+            scores[b.name] += 1.0 - _score(record)
+    best, best_updates = max(independents, key=lambda pu: scores[pu[0].name])
+    report: dict[str, Any] = {
+        "population_best": best_member, "population_updates": pop_updates,
+        "population_ratings": {k: v for k, v in ratings.items() if "@" not in k},
+        "independent_round_robin": scores, "independent_best": best.name,
+        "independent_updates": best_updates,
+        "updates_all": {"population": {m: _model(out / "population", f"learner_{m}")[1]
+                                       for m in ratings if "@" not in m},
+                        "independent": {p.name: u for p, u in independents}}}
+    record = _play(game, population, best, args.games)
+    report["head_to_head"] = dict(zip(("wins", "draws", "losses"), record, strict=True))
+    print(f"head to head, {args.games} games: population {best_member} "
+          f"{record[0]:.0f} W {record[1]:.0f} D {record[2]:.0f} L against {best.name} "
+          f"(score {_score(record):.3f}); {load()}", flush=True)
+    bot = MCTSPlayer(game, args.bot_simulations, seed=7)
+    for player in (population, best):
+        record = _play(game, player, bot, args.games)
+        report[f"vs_mcts_{player.name}"] = dict(zip(("wins", "draws", "losses"), record,
+                                                    strict=True))
+        print(f"{player.name} against MCTS-{args.bot_simulations}, {args.games} games: "
+              f"{record[0]:.0f} W {record[1]:.0f} D {record[2]:.0f} L "
+              f"(score {_score(record):.3f}); {load()}", flush=True)
+    (out / "compare.json").write_text(json.dumps(report, indent=1))
+
+
+def plot(args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(args.dir)
+    rows = [json.loads(line) for line in
+            (out / "population" / "league" / "ratings.jsonl").read_text().splitlines()]
+    t0 = rows[0]["time"]
+    members = sorted({k for r in rows for k in r["ratings"]})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in members:
+        pts = [((r["time"] - t0) / 60, r["ratings"][m]) for r in rows if m in r["ratings"]]
+        ax.plot(*zip(*pts, strict=True), label=m)
+    lineage = out / "population" / "pbt" / "lineage.jsonl"
+    if lineage.exists():
+        for line in lineage.read_text().splitlines():
+            row = json.loads(line)
+            ax.axvline((row["time"] - t0) / 60, color="grey", lw=0.5, ls=":")
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("Elo (league, per game)")
+    ax.set_title("population_league.yaml: members' ratings (dotted: PBT exploits)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=110)
+    print(f"wrote {args.png}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run")
+    p.add_argument("--seconds", type=float, default=900.0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=run)
+    p = sub.add_parser("compare")
+    p.add_argument("dir")
+    p.add_argument("--games", type=int, default=200)
+    p.add_argument("--round-robin-games", type=int, default=40)
+    p.add_argument("--bot-simulations", type=int, default=100)
+    p.set_defaults(fn=compare)
+    p = sub.add_parser("plot")
+    p.add_argument("dir")
+    p.add_argument("--png", default=str(REPO / "docs" / "population_league_ratings.png"))
+    p.set_defaults(fn=plot)
+    args = parser.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
