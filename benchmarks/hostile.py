@@ -124,8 +124,9 @@ def discover(run_dir: str | Path) -> dict[str, Any]:
                     # a ROUTER port that declares nothing: every type is worth a try
                     "accepts": [] if kind != "router" else
                     list(accepts.get(port, sorted({s.type for s in messages.MESSAGES})))})
-        for link, target in spec.links.items():
-            if target.split(".")[-1] == "sample" and link == "replay":
+        for link in spec.links:
+            if link == "replay" and any(t.split(".")[-1] == "sample"
+                                        for t in spec.targets(link)):
                 samplers += [make_label(name, r, spec.replicas) for r in range(spec.replicas)]
         member = spec.args.get("member", -1)
         if isinstance(member, int) and member >= 0:

@@ -9,10 +9,10 @@ topologies/population_league.yaml.
 (1) ``zmqrl up topologies/population_league.yaml`` (four members that play each other,
 matched by rating, PBT on rating) for ``--seconds``. (2) The same four hyperparameter
 draws (the population section's, drawn with the topology's seed) as four independent
-``topologies/selfplay.yaml`` runs side by side for ``--seconds``: the same game, model
-and algorithm settings, each learner playing only its own snapshots, the same 64 envs in
-all (16 per run) — and each league evaluating once, at the start, so that it takes no
-CPU the population's arm did not spend.
+``topologies/selfplay.yaml`` runs side by side for ``--seconds``: the same game, model,
+algorithm settings, initial weights, snapshot cadence and share of games against the
+latest policy, each learner playing only itself and its own snapshots, the same 64 envs
+in all (16 per run), and no league (the population's arm runs no evaluation either).
 
 ``compare``: after the training (so that playing takes no CPU from it): the population's
 best member (by the league's last ratings) and the best independent run (by a round
@@ -79,17 +79,27 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"the population's run failed: {out / 'population.log'}")
     print(f"population: {time.time() - started:.0f} s; {load()}", flush=True)
     raw = yaml.safe_load(TOPOLOGY.read_text())
-    algo = {k: v for k, v in raw["algo"].items()}
+    broker_args = raw["nodes"]["broker"]["args"]
     started = time.time()
     procs = []
     for k, draw in enumerate(draws):
-        sets = [f"env.id={raw['env']['id']}", f"model={json.dumps(raw['model'])}",
-                f"algo={json.dumps({**algo, **draw})}", f"seed={raw['seed'] + k}",
-                "nodes.actor.replicas=1", "nodes.actor.args.envs=16",
-                "nodes.learner.args.checkpoint_every=20",
-                "nodes.league.args.eval_every_s=1000000"]
-        procs.append(up(REPO / "topologies" / "selfplay.yaml", out / f"independent_{k}",
-                        args.seconds, sets, out / f"independent_{k}.log"))
+        # selfplay.yaml as the population's members are: the same game, model, algorithm
+        # (with member k's draw), initial weights (the topology's seed: every member
+        # starts from the same ones), snapshot cadence and share of games against the
+        # latest policy; no league (the population's arm evaluates nothing while it runs)
+        single = yaml.safe_load((REPO / "topologies" / "selfplay.yaml").read_text())
+        single.update(env=raw["env"], model=raw["model"], algo={**raw["algo"], **draw},
+                      seed=raw["seed"])
+        single["self_play"] = {"snapshot_every": broker_args["snapshot_every"],
+                               "pool_size": broker_args["pool_size"],
+                               "latest_fraction": broker_args["matchmaker"]["latest_fraction"]}
+        single["nodes"].pop("league")
+        single["nodes"]["actor"].update(replicas=1, args={"envs": 16})
+        single["nodes"]["learner"]["args"] = {"checkpoint_every": 20}
+        path = out / f"independent_{k}.yaml"
+        path.write_text(yaml.safe_dump(single))
+        procs.append(up(path, out / f"independent_{k}", args.seconds, [],
+                        out / f"independent_{k}.log"))
     failed = [k for k, p in enumerate(procs) if p.wait() != 0]
     if failed:
         raise SystemExit(f"independent runs {failed} failed (logs in {out})")
@@ -137,6 +147,9 @@ def compare(args: argparse.Namespace) -> None:
     raw = yaml.safe_load(TOPOLOGY.read_text())
     game = Game(game_name(raw["env"]))
     history = (out / "population" / "league" / "ratings.jsonl").read_text().splitlines()
+    if not history:
+        raise SystemExit(f"{out}/population/league/ratings.jsonl is empty: the run rated "
+                         "no game (see population.log)")
     ratings = json.loads(history[-1])["ratings"]
     best_member = max((k for k in ratings if k.startswith("m") and "@" not in k),
                       key=lambda k: ratings[k])

@@ -78,10 +78,14 @@ class PopulationBroker(InferenceBroker):
         if spec.args.get("mode", "dynamic") != "dynamic":
             errors.append(((*where, "mode"), "a population broker acts in dynamic mode"))
         params, experience = spec.targets("params"), spec.targets("experience")
-        if len(params) != len(experience):
+        if [t.partition(".")[0] for t in params] != [t.partition(".")[0] for t in experience]:
             errors.append((("nodes", spec.name, "links"),
-                           f"params names {len(params)} learners and experience "
-                           f"{len(experience)}: one of each per member, in member order"))
+                           f"params {params} and experience {experience} must name the same "
+                           "learners in the same order (member k's model trains on what "
+                           "goes to member k)"))
+        if topo.self_play is not None:
+            errors.append((("self_play",), "a population broker plays the population's "
+                                           "games: its args say how, not a self_play section"))
         for name, least in (("snapshot_every", 1), ("pool_size", 1), ("columns", 1)):
             value = spec.args.get(name)
             if isinstance(value, int) and value < least:
@@ -94,6 +98,15 @@ class PopulationBroker(InferenceBroker):
         # for an unroll algorithm
         errors += self_play.errors({}, topo.env, topo.algo_config.family)
         return errors + super().check_spec(spec, topo)
+
+    @classmethod
+    def largest_insert(cls, spec: NodeSpec, topo: Topology) -> int | None:
+        """A member's unroll is ``columns`` wide (default: half a connection's envs)."""
+        envs = super().largest_insert(spec, topo)
+        columns = spec.args.get("columns")
+        if isinstance(columns, int):
+            return columns
+        return None if envs is None else max(1, envs // 2)
 
     def setup(self) -> None:
         super().setup()
@@ -115,10 +128,11 @@ class PopulationBroker(InferenceBroker):
                                 for name in self.link_sockets("experience")]
         self.outbox = _Outboxes(self.member_outboxes)  # what the broker's loop flushes
         self.ship = bool(self.member_outboxes)
-        self.games_sent = self.games_played = 0
+        self.games_sent = self.games_refused = 0
         self.unsent: list[tuple[str, str, float]] = []
         self.frozen_copy = frozen_copy
-        if "games" in self.sockets:
+        self.roster.keep_games = "games" in self.sockets  # else only counted
+        if self.roster.keep_games:
             self.every(a.games_every_s, self._send_games)
         self.roster_checkpointer = Checkpointer(
             node_checkpoint(self.ctx.run_dir, self.ctx.label, ".roster" + TORCH.suffix),
@@ -152,6 +166,15 @@ class PopulationBroker(InferenceBroker):
                 self.roster.on_version(member, self.followers[member].version,
                                        lambda m=model: self.frozen_copy(m))
 
+    def on_games(self, _envelope: list, msg: wire.Message) -> None:
+        """What the league says back on our ``games`` link: only ``error`` (a batch it
+        refused: its games are not rated, and say why in our log)."""
+        if msg.type != wire.ERROR:
+            raise wire.ProtocolError(f"games link takes '{wire.ERROR}', not '{msg.type}'")
+        self.games_refused += 1
+        self.log_rejection("games", f"the league refused our games: "
+                                    f"{msg.fields.get('error')}")
+
     def on_ratings(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.RATINGS:
             raise wire.ProtocolError(f"ratings link takes '{wire.RATINGS}', not '{msg.type}'")
@@ -175,7 +198,6 @@ class PopulationBroker(InferenceBroker):
         import numpy as np
 
         self.unsent.extend(self.roster.take_games())
-        self.games_played = self.roster.finished
         if len(self.unsent) > MAX_UNSENT_GAMES:
             del self.unsent[:len(self.unsent) - MAX_UNSENT_GAMES]
         while self.unsent:
@@ -202,7 +224,8 @@ class PopulationBroker(InferenceBroker):
 
     def metrics(self) -> dict:
         row = super().metrics()
-        row.update(games_played=self.games_played, games_sent=self.games_sent,
+        row.update(games_played=self.roster.finished, games_sent=self.games_sent,
+                   games_unrated=self.roster.unrated, games_refused=self.games_refused,
                    snapshots=len(self.roster.snapshots),
                    member_versions=min(self.roster.versions))
         return row

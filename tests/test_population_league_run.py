@@ -61,7 +61,11 @@ def test_the_population_survives_losing_any_node(processes, tmp_path):
         return up_log.read_text()[-5000:]
 
     def running(predicate):
-        return lambda: predicate() or proc.poll() is not None
+        """``predicate``, failing at once (with the run's log) if the run has ended."""
+        def check():
+            assert proc.poll() is None, f"the run ended early:\n{log()}"
+            return predicate()
+        return check
 
     league_ckpt = _checkpoint(run_dir, "league.json")
     # Members play each other; the league rates the games; snapshots join.
@@ -90,7 +94,11 @@ def test_the_population_survives_losing_any_node(processes, tmp_path):
                      (run_dir / "logs" / "broker.log").read_text()
                      and _json(league_ckpt).get("ratings", {}).get("games", 0) > rated + 100),
              90, "the broker back with its roster, its games rated")
-    assert _last(run_dir, "broker", "snapshots") >= min(snapshots, 1)
+    resumed = re.findall(r"resumed the roster: (.*)", (run_dir / "logs" / "broker.log").read_text())
+    assert snapshots >= 1 and resumed and "@v" in resumed[-1], resumed  # not "no snapshots"
+
+    # the broker hears the league on its games link (its liveness pings are answered)
+    assert "peer on 'games' silent" not in (run_dir / "logs" / "broker.log").read_text()
 
     # 3. The league: every rating it had checkpointed comes back, and it rates on.
     before = _json(league_ckpt)["ratings"]
@@ -135,3 +143,5 @@ def test_the_population_survives_losing_any_node(processes, tmp_path):
     assert any(r.get("best_rating") for r in rows), "pbt never heard the league's ratings"
     for label in ("broker", "league", "pbt", "learner_m0", "learner_m1", "actor"):
         assert _last(run_dir, label, "bad_messages") == 0, (label, log())
+    # the broker recounted member 1's credit with its restarted learner
+    assert _last(run_dir, "broker", "experience_1_recounts") >= 1, log()

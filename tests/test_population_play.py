@@ -57,7 +57,8 @@ def test_roster_snapshots_each_member_on_its_cadence_and_keeps_the_newest():
     # an evicted snapshot's games are finished by its member's current model
     gone = ids[2]
     roster.on_version(0, 40, lambda: "a@40")
-    assert roster.model(gone) is None and roster.member_of(gone) == -1
+    assert roster.model(gone) is None and not roster.intact(gone)
+    assert (roster.member_of(gone), roster.name(gone)) == (0, "m0@v20")
     # a restarted learner counts from where it is
     roster.on_version(0, 3, lambda: "a@3")
     assert roster.next_at[0] == 10
@@ -200,6 +201,51 @@ def test_each_row_is_played_by_its_players_model_in_one_pass_each():
         np.testing.assert_array_equal(a, [cell[p] for p in b.players[:, 0]])
     present = {int(p) for b in behaviours for p in b.players[:, 0]}
     assert calls == {p: 1 for p in present}
+
+
+def step_all(behaviour, env, obs, steps):
+    """``steps`` broker turns of one connection over ``env``; the last observations."""
+    for _ in range(steps):
+        [action] = act_batched(behaviour.model, [behaviour], 0)
+        obs, reward, term, trunc, _ = env.step(action)
+        behaviour.outcome(reward.astype(np.float32), term | trunc, np.zeros(behaviour.n, bool),
+                          np.zeros((0, 3, 3, 3), np.float32))
+        behaviour.observe(obs.astype(np.float32))
+    return obs
+
+
+def test_a_game_whose_snapshot_is_evicted_is_finished_by_its_member_and_not_rated():
+    cls, setup, roster = population_setup(
+        2, snapshot_every=1000, pool_size=1, matchmaker={"kind": "uniform",
+                                                         "latest_fraction": 0.0})
+    snap = roster.on_version(1, 0, lambda: frozen_copy(roster.members[1]))
+    n = 6
+    behaviour = cls(setup, n)
+    assert (behaviour.players == snap.id).any(axis=1).all()  # every game: against m1@v0
+    env = make_vector_env(TTT, n, seed=0)
+    obs = env.reset(seed=0)[0].astype(np.float32)
+    behaviour.observe(obs)
+    obs = step_all(behaviour, env, obs, 1)
+    roster.on_version(1, 1000, lambda: frozen_copy(roster.members[1]))  # evicts m1@v0
+    assert not roster.intact(snap.id)
+    step_all(behaviour, env, obs, 12)  # every first game has ended (at most 9 moves)
+    assert roster.unrated >= n
+    assert all("m1@v0" not in (a, b) for a, b, _ in roster.games), roster.games
+
+
+def test_a_game_joined_mid_way_trains_but_is_not_rated():
+    """A reconnecting actor's boards already hold pieces: those games are played and
+    trained on, but their results do not go to the league."""
+    cls, setup, roster = population_setup(2)
+    n = 4
+    behaviour = cls(setup, n)
+    env = make_vector_env(TTT, n, seed=0)
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step(np.array([4, 4, 0, 0]))  # one move made in every game
+    behaviour.observe(obs.astype(np.float32))
+    assert behaviour.joined.all()
+    step_all(behaviour, env, obs, 12)
+    assert roster.unrated == n and roster.finished == len(roster.games) > 0
 
 
 def test_matchmaking_picks_opponents_by_the_leagues_ratings():

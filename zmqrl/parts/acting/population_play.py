@@ -21,7 +21,9 @@ nothing); the packer appends it to its shortest column and, whenever every colum
 the V-trace/PPO learner trains on it unchanged). The unroll carries that member's seats'
 games as ``ep_return`` (+1 win, 0 draw, -1 loss) and ``ep_length``; its item's ``member``
 field tells the broker whose learner it goes to. Every finished game's result waits in
-the roster for the league (:attr:`Roster.games`).
+the roster for the league (:attr:`Roster.games`), but for a game this connection joined
+mid-way (a reconnect) or whose snapshot was evicted while it played (its member finished
+it): neither says how those two players compare.
 
 The broker (``nodes/population_broker.py``) makes a subclass per run whose class
 attributes are the roster, the matchmaker and the packer width (:func:`bind`).
@@ -111,6 +113,9 @@ class PopulationPlayBehaviour(Behaviour):
         self.ep_return = np.zeros((n, 2), np.float32)
         # per env and seat: this game's moves so far (obs, action, logp, reward, done, version)
         self.moves: list[list[list[Any]]] = [[[], []] for _ in range(n)]
+        # games this connection joined mid-way (a reconnect, a restarted broker): trained
+        # on, not rated (their results say nothing of the players drawn for them)
+        self.joined = np.zeros(n, np.bool_)
         self.mismatches = 0
         self.dropped = 0  # games longer than MAX_PLIES a seat (never, in these games)
         for i in range(n):
@@ -132,6 +137,8 @@ class PopulationPlayBehaviour(Behaviour):
         board = player_to_move(obs)
         if self.to_move is None:
             self.to_move = board if board is not None else np.zeros(self.n, np.int64)
+            if obs.ndim >= 3 and obs.shape[1] == 3:  # a canonical board: any pieces on it?
+                self.joined = obs[:, :2].reshape(self.n, -1).any(axis=1)
         elif board is not None and (board != self.to_move).any():
             self.mismatches += int((board != self.to_move).sum())
             self.to_move = board
@@ -150,7 +157,7 @@ class PopulationPlayBehaviour(Behaviour):
         for player in np.unique(who).tolist():
             net = roster.model(player)
             if net is None:  # a snapshot evicted mid-game: its member finishes the game
-                net = roster.members[max(0, roster.member_of(player))]
+                net = roster.members[roster.member_of(player)]
             rows = torch.from_numpy(np.flatnonzero(who == player)).to(obs.device)
             a, lp = net.act(obs[rows])
             action[rows], logp[rows] = a.to(torch.int64), lp.float()
@@ -191,8 +198,12 @@ class PopulationPlayBehaviour(Behaviour):
         roster = self.roster
         outcome = float(self.ep_return[i, 0])
         score = 1.0 if outcome > 0 else 0.0 if outcome < 0 else 0.5
-        roster.finish(roster.name(int(self.players[i, 0])),
-                      roster.name(int(self.players[i, 1])), score)
+        first, second = int(self.players[i, 0]), int(self.players[i, 1])
+        if self.joined[i] or not (roster.intact(first) and roster.intact(second)):
+            roster.unrated += 1  # joined mid-way, or a snapshot evicted mid-game
+            self.joined[i] = False
+        else:
+            roster.finish(roster.name(first), roster.name(second), score)
         for s in (0, 1):
             player, kept = int(self.players[i, s]), self.moves[i][s]
             if player < roster.size and kept:  # a current policy's seat trains it

@@ -6,7 +6,8 @@ policy is id ``k`` (named ``m<k>``), snapshots get ids from ``K`` up (named
 ``m<k>@v<version>``, never reused). A member's snapshot is taken whenever its parameter
 version reaches the next multiple of ``snapshot_every``; each member keeps its newest
 ``pool_size``. A game whose snapshot was evicted mid-game is finished by that member's
-current policy (:meth:`Roster.model`).
+current policy (:meth:`Roster.model`), and its result is not rated (it was neither player's
+alone): :meth:`Roster.intact`.
 
 The finished games wait in :attr:`Roster.games` for the broker to send to the league
 (``games`` messages), as ``(seat 0's name, seat 1's name, seat 0's score)``.
@@ -27,6 +28,7 @@ from typing import Any
 from zmqrl.parts.selfplay.matchmaking import Candidate
 
 FORMAT = 1
+MAX_RETIRED = 1024  # evicted snapshots remembered by name (for the games still playing them)
 
 
 def current_name(member: int) -> str:
@@ -64,7 +66,11 @@ class Roster:
         self._next_id = len(members)
         self.ratings: dict[str, float] = {}  # the league's, as last published
         self.games: list[tuple[str, str, float]] = []  # finished, not yet sent
-        self.finished = 0  # games finished, ever
+        self.keep_games = True  # False: no league to send them to (only counted)
+        self.finished = 0  # games finished for the league to rate, ever
+        self.unrated = 0  # games not rated: a player evicted or joined mid-game
+        # evicted snapshots: id -> (name, member), the newest MAX_RETIRED (games in play)
+        self.retired: dict[int, tuple[str, int]] = {}
 
     @property
     def size(self) -> int:
@@ -74,14 +80,22 @@ class Roster:
         if player < self.size:
             return current_name(player)
         snap = self.snapshots.get(player)
-        return snap.name if snap is not None else f"evicted#{player}"
+        if snap is not None:
+            return snap.name
+        return self.retired.get(player, (f"evicted#{player}", -1))[0]
 
     def member_of(self, player: int) -> int:
-        """Whose policy ``player`` is (an evicted snapshot's member is unknown: -1)."""
+        """Whose policy ``player`` is (-1: an id this roster never gave out)."""
         if player < self.size:
             return player
         snap = self.snapshots.get(player)
-        return snap.member if snap is not None else -1
+        if snap is not None:
+            return snap.member
+        return self.retired.get(player, ("", -1))[1]
+
+    def intact(self, player: int) -> bool:
+        """Whether ``player`` is still held (a current policy, or a snapshot not evicted)."""
+        return player < self.size or player in self.snapshots
 
     def model(self, player: int) -> Any:
         """The model playing as ``player``: an evicted snapshot's member's current one."""
@@ -108,9 +122,16 @@ class Roster:
         held = self.by_member[member]
         held.append(snap.id)
         while len(held) > self.pool_size:
-            self.snapshots.pop(held.popleft(), None)
+            self._retire(held.popleft())
         self.next_at[member] = (version // self.snapshot_every + 1) * self.snapshot_every
         return snap
+
+    def _retire(self, player: int) -> None:
+        snap = self.snapshots.pop(player, None)
+        if snap is not None:
+            self.retired[player] = (snap.name, snap.member)
+            while len(self.retired) > MAX_RETIRED:
+                del self.retired[next(iter(self.retired))]
 
     # ----- matchmaking --------------------------------------------------------------
     def rating(self, player: int) -> float:
@@ -129,8 +150,9 @@ class Roster:
 
     def finish(self, first: str, second: str, score: float) -> None:
         """A game ended: ``first`` (seat 0) scored ``score`` against ``second``."""
-        self.games.append((first, second, score))
         self.finished += 1
+        if self.keep_games:
+            self.games.append((first, second, score))
 
     def take_games(self) -> list[tuple[str, str, float]]:
         games, self.games = self.games, []
