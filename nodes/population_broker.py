@@ -149,8 +149,10 @@ class PopulationBroker(InferenceBroker):
         # An actor's per-env returns are the last mover's reward: meaningless where both
         # seats are the population's. The run's figure is the league's ratings (the
         # progress line shows no return where no node reports episodes).
-        msg.arrays.pop("ep_return", None)
-        msg.arrays.pop("ep_length", None)
+        if msg.type == wire.STEP and ("ep_return" in msg.arrays or "ep_length" in msg.arrays):
+            messages.check(msg, self.step_spec, self.step_check)  # as sent, before the pop
+            msg.arrays.pop("ep_return", None)
+            msg.arrays.pop("ep_length", None)
         super().on_policy(envelope, msg)
 
     def on_params(self, index: int, _envelope: list, msg: wire.Message) -> None:
