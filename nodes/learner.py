@@ -286,7 +286,10 @@ class Learner(Node):
         # other ports are answered between them.
         self._more_waiting = False
         for turn in range(_UPDATES_PER_TURN):
-            if not self.updater.ready():
+            # Told to stop: the updates left can wait (the supervisor's grace is seconds,
+            # and a loaded machine's update can take one). Data-parallel replicas go on:
+            # they stop together, at their source's next exchange.
+            if not self.updater.ready() or (self.stopping and self.world == 1):
                 break
             self._more_waiting = turn == _UPDATES_PER_TURN - 1
             batch = self.source.next_batch(self.updates)
