@@ -9,10 +9,12 @@ A topology declares its own bar, so adding a file to topologies/ needs no test e
       set: ["env.id=InvertedPendulum-v5"]   # --set overrides for the test run
       tested_by: "tests/test_pixels.py: ..."  # run elsewhere; the generic test skips it
       long: true         # the return takes minutes: asked only with ZMQRL_LONG_TESTS=1;
-      seconds_short: 60  # otherwise the run lasts this long, moves data and updates
+      seconds_short: 60  # otherwise the run, bounded by this, moves data and updates
 
 A run stops as soon as it reaches its return; the seconds (~2x the time to that return
-measured on a loaded 2-core machine) only bound a failing run.
+measured on a loaded 2-core machine) only bound a failing run. A run asked no return stops
+as soon as data has crossed every link and the learner has updated ``min_updates`` times
+(tests/runs.py); its seconds, too, only bound a failing run.
 
 A topology without the section (or a field left out) gets :data:`RUNS_ONLY`'s values: it
 is run, data must cross every link and the learner update, but no return is asked of it.

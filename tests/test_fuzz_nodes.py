@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fuzzing
 import msgpack
 import numpy as np
 import pytest
@@ -51,6 +50,7 @@ from zmqrl.bus.endpoints import Endpoints
 from zmqrl.bus.node import NodeContext
 from zmqrl.run.topology import from_dict, load, load_class
 
+import fuzzing
 from conftest import Processes, read_csv, stop_all, wait_for
 
 LIMIT = fuzzing.LIMIT

@@ -4,7 +4,6 @@ topologies validated and run for real (MinAtar: a CPU-sized pixel env)."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -21,7 +20,8 @@ from zmqrl.parts.models import MODEL_ALGOS, MODEL_KINDS, build_model
 from zmqrl.parts.unroll import UnrollBuilder
 from zmqrl.run.topology import load
 
-from conftest import REPO, read_csv, wait_for
+from conftest import REPO
+from runs import assert_data_crossed_every_link, moved_and_updated, rows_of, run_until
 
 # find_spec, not importorskip: importing minatar's package pulls in seaborn (slow); the
 # envs load only its game modules.
@@ -286,27 +286,12 @@ def test_r2d2_on_pixels_is_one_set_away(env, sets):
     assert topo.env["id"] == env and topo.model["kind"].endswith("_cnn_lstm_q")
 
 
-def rows_of(run_dir: Path, node: str) -> list[dict[str, str]]:
-    return [r for p in sorted((run_dir / "metrics").glob(f"{node}*.csv")) for r in read_csv(p)]
-
-
-def moved(run_dir: Path, node: str, port: str) -> bool:
-    return any(float(r.get(f"{port}_msgs_per_s") or 0) > 0 for r in rows_of(run_dir, node))
-
-
-def run_until(processes, topology: str, tmp_path: Path, ready, what: str, *sets: str,
-              budget: int = 150) -> Path:
-    """``zmqrl up`` until ``ready(run_dir)`` (polled), then SIGTERM (every node stops and
-    checkpoints); a loaded machine takes longer, not a different path. ``budget`` bounds a
-    run that never gets there (the test's assertions then say what is missing)."""
-    run_dir, log = tmp_path / "run", tmp_path / "up.log"
-    args = [a for kv in sets for a in ("--set", kv)]
-    proc = processes.zmqrl("up", str(REPO / "topologies" / topology), "--run-dir", str(run_dir),
-                           "--max-seconds", str(budget), *args, log=log)
-    wait_for(lambda: proc.poll() is not None or ready(run_dir), budget + 30, what)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+def _run(processes, topology: str, tmp_path: Path, ready, *sets: str) -> Path:
+    """``zmqrl up`` of a pixel topology until ``ready(run_dir)``, then SIGTERM (every node
+    stops and checkpoints); 150 s bound a run that never gets there."""
+    run_dir = tmp_path / "run"
+    run_until(processes, REPO / "topologies" / topology, run_dir, tmp_path / "up.log", ready,
+              150, [a for kv in sets for a in ("--set", kv)])
     return run_dir
 
 
@@ -319,21 +304,9 @@ def test_seed_minatar_moves_uint8_unrolls_and_trains(processes, tmp_path):
     """A real SEED run: uint8 frames from the actors through the broker's unrolls to a
     learner that checks every unroll's obs dtype (float frames would be refused) and
     updates on them."""
-    def ready(run_dir: Path) -> bool:
-        if _updates(run_dir) < 2 or not (run_dir / "topology.yaml").exists():
-            return False
-        topo = load(run_dir / "topology.yaml")
-        return all(moved(run_dir, name, link) and moved(run_dir, *target.split("."))
-                   for name, spec in topo.nodes.items()
-                   for link, target in spec.links.items())
-
-    run_dir = run_until(processes, "seed_minatar.yaml", tmp_path, ready,
-                        "every link to move data and 2 updates")
-    topo = load(run_dir / "topology.yaml")
-    for name, spec in topo.nodes.items():
-        for link, target in spec.links.items():
-            node, port = target.split(".")
-            assert moved(run_dir, name, link) and moved(run_dir, node, port), target
+    topo = load(REPO / "topologies" / "seed_minatar.yaml")
+    run_dir = _run(processes, "seed_minatar.yaml", tmp_path, moved_and_updated(topo, 2))
+    assert_data_crossed_every_link(topo, run_dir)
     learner = rows_of(run_dir, "learner")
     assert max(int(r["updates"]) for r in learner) >= 2
     assert all(int(r.get("bad_messages") or 0) == 0 for r in learner)
@@ -342,9 +315,8 @@ def test_seed_minatar_moves_uint8_unrolls_and_trains(processes, tmp_path):
 def test_apex_minatar_replay_stores_uint8_frames_and_trains(processes, tmp_path):
     """A real Ape-X run: the replay's storage (its checkpoint at exit) holds the frames
     as uint8 and no float copy of them; the learner samples and updates."""
-    run_dir = run_until(processes, "apex_minatar.yaml", tmp_path,
-                        lambda run_dir: _updates(run_dir) >= 1, "a learner update",
-                        "nodes.replay.args.min_size=200")
+    run_dir = _run(processes, "apex_minatar.yaml", tmp_path,
+                   lambda run_dir: _updates(run_dir) >= 1, "nodes.replay.args.min_size=200")
     learner = rows_of(run_dir, "learner")
     assert max(int(r["updates"]) for r in learner) >= 1
     with np.load(next((run_dir / "checkpoints").glob("replay*.npz"))) as state:

@@ -277,7 +277,7 @@ def test_selfplay_topology_learns_to_beat_a_random_player(processes, tmp_path):
     first, best = rates[0], max(rates)
     assert first < UNTRAINED_AT_MOST, rates  # the untrained policy: as good as random
     assert best >= WIN_BAR, f"best win rate {best} against random: {rates}"
-    from test_topologies import assert_data_crossed_every_link
+    from runs import assert_data_crossed_every_link
 
     assert_data_crossed_every_link(load(REPO / "topologies" / "selfplay.yaml"), run_dir)
     learner = read_csv(run_dir / "metrics" / "learner.csv")
