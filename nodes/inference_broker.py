@@ -116,7 +116,7 @@ class InferenceBroker(Node):
         caps = cls._cap_errors(spec, topo)
         if caps:
             return caps
-        from zmqrl.parts.devices import check_precision
+        from zmqrl.parts.precision import check_precision
 
         problem = check_precision(spec.args.get("precision", "float32"),
                                   spec.args.get("device", "auto"))

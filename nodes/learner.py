@@ -187,7 +187,7 @@ class Learner(Node):
             return [(("nodes", spec.name, "args", "precision"),
                      f"algo '{kind}' trains in float32 only (its config's "
                      "reduced_precision is False)")]
-        from zmqrl.parts.devices import check_precision
+        from zmqrl.parts.precision import check_precision
 
         problem = check_precision(precision, spec.args.get("device", "auto"))
         return [(("nodes", spec.name, "args", "precision"), problem)] if problem else []

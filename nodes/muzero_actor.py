@@ -100,7 +100,7 @@ class MuZeroActor(Node):
         elif policy == "remote" and "policy" not in spec.links:
             errors.append(((*where, "links"), "policy: remote needs a 'policy' link (to an "
                                               "inference broker)"))
-        from zmqrl.parts.devices import check_precision
+        from zmqrl.parts.precision import check_precision
 
         problem = check_precision(args.get("precision", "float32"), args.get("device", "cpu"))
         if problem:

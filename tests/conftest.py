@@ -9,6 +9,7 @@ takes its ports from :func:`free_base_port`.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -190,6 +191,15 @@ def free_base_port(count: int, host: str = "127.0.0.1") -> int:
             for probe in probes:
                 probe.close()
     raise RuntimeError(f"no {count} consecutive free tcp ports found on {host}")
+
+
+def process_argv(proc_entry: Path) -> list[str]:
+    """The command line of the process at ``/proc/<pid>``, as words. A node forked from
+    the supervisor's preloaded template (zmqrl.run.forkstart) shows its command as one
+    title string, which is split as a shell would."""
+    words = [w for w in (proc_entry / "cmdline").read_bytes().decode(errors="replace")
+             .split("\0") if w]
+    return shlex.split(words[0]) if len(words) == 1 and " " in words[0] else words
 
 
 def pid_of(run_dir: Path, node: str, replica: int = 0) -> int:

@@ -45,7 +45,7 @@ from zmqrl.bus import wire
 from zmqrl.bus.endpoints import supervisor_address
 from zmqrl.bus.labels import label as make_label
 
-from conftest import read_csv, stop_process, wait_for, write_topology
+from conftest import process_argv, read_csv, stop_process, wait_for, write_topology
 
 NODES = {"learner": 1, "broker": 1, "actor": 2}  # seed.yaml, two actors
 ENVS = 4  # per actor
@@ -67,8 +67,8 @@ def node_pids(run_dir: Path) -> dict[str, int]:
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-        except OSError:
+            argv = process_argv(entry)
+        except (OSError, ValueError):
             continue
         if "node" in argv and str(run_dir) in argv and "--replica" in argv:
             at = argv.index("--replica")

@@ -31,7 +31,7 @@ import zmq
 from zmqrl.bus import wire
 from zmqrl.bus.endpoints import ipc_dir
 
-from conftest import REPO, Client, read_csv, wait_for, write_topology
+from conftest import REPO, Client, process_argv, read_csv, wait_for, write_topology
 
 SEED_SMALL = {"nodes": {"actor": {"replicas": 1, "args": {"envs": 16}},
                         "learner": {"args": {"device": "cpu"}}}}
@@ -64,11 +64,10 @@ def node_pid(run_dir: Path, node: str) -> int | None:
         if not entry.name.isdigit():
             continue
         try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            cmd = process_argv(entry)
+        except (OSError, ValueError):
             continue
-        if b"zmqrl.cli" in cmd and b"node" in cmd and node.encode() in cmd \
-                and str(run_dir).encode() in cmd:
+        if "zmqrl.cli" in cmd and "node" in cmd and node in cmd and str(run_dir) in cmd:
             return int(entry.name)
     return None
 

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-# The arithmetic a forward pass may run in (a node's ``precision``); ``auto`` is
-# bfloat16 where the hardware computes it natively, else float32 (resolve_precision).
-PRECISIONS = ("auto", "float32", "bfloat16", "float16")
+from zmqrl.parts.precision import PRECISIONS, check_precision
+
+__all__ = ["PRECISIONS", "check_precision"]  # re-exported: checked without torch there
 
 
 def pick_device(name: str, replica: int = 0) -> torch.device:
@@ -42,15 +42,6 @@ def pick_device(name: str, replica: int = 0) -> torch.device:
             raise ValueError(f"device '{name}': torch sees no CUDA device")
         device = torch.device("cuda", replica % count)
     return device
-
-
-def check_precision(precision: str, device: str = "auto") -> str | None:
-    """Why ``precision`` cannot run on ``device`` (a node's ``device`` arg), or None."""
-    if precision not in PRECISIONS:
-        return f"'{precision}' is not one of {', '.join(PRECISIONS)}"
-    if precision == "float16" and device.startswith("cpu"):
-        return "float16 runs on CUDA only (on a CPU use bfloat16)"
-    return None
 
 
 def native_bfloat16(device: torch.device) -> bool:

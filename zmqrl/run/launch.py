@@ -44,6 +44,7 @@ from zmqrl.bus.endpoints import remove_ipc_dir, supervisor_address
 from zmqrl.bus.labels import label as make_label
 from zmqrl.bus.node import PARENT_PID_ENV, SECRET_ENV
 from zmqrl.parts.checkpoint import existing_checkpoints
+from zmqrl.run import forkstart
 from zmqrl.run.nodeproc import run_node, watchdog  # noqa: F401  (the public entry points)
 from zmqrl.run.progress import Progress
 from zmqrl.run.restart import Restarts
@@ -122,7 +123,7 @@ class _Proc:
     label: str
     colour: str
     restarts: Restarts
-    popen: subprocess.Popen | None = None
+    popen: subprocess.Popen | forkstart.ForkedNode | None = None
     restart_at: float | None = None
     started_at: float = 0.0
     last_heartbeat: float = field(default_factory=time.monotonic)
@@ -251,11 +252,15 @@ class Supervisor:
         secret = new_secret()
         env = dict(os.environ, PYTHONUNBUFFERED="1", ZMQRL_NODE=proc.label,
                    **{PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: secret})
-        # Its own session (a whole node tree can be signalled), and it dies with us.
-        proc.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=env, text=True,
-                                      start_new_session=True,
-                                      preexec_fn=lifetime.child_preexec)
+        if self.topo.nodes[proc.node].command is None and forkstart.enabled():
+            # A fork of the preloaded template: no interpreter start, no torch import.
+            proc.popen = forkstart.start(cmd, env, self._node_modules())
+        else:
+            # Its own session (a whole node tree can be signalled), and it dies with us.
+            proc.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=env, text=True, start_new_session=True,
+                                          preexec_fn=lifetime.child_preexec)
         if self.topo.nodes[proc.node].command is not None:
             # A zmqrl node places its own threads (zmqrl.bus.cores); another program is put
             # on the shared cores whole, off the cores pinned nodes hold.
@@ -270,6 +275,11 @@ class Supervisor:
         pump.start()
         proc.pumps.append(pump)
 
+    def _node_modules(self) -> list[str]:
+        """The modules of the topology's node classes: the fork template preloads them."""
+        return sorted({spec.target.partition(":")[0] for spec in self.topo.nodes.values()
+                       if spec.command is None and spec.target})
+
     def _command(self, proc: _Proc) -> list[str]:
         spec = self.topo.nodes[proc.node]
         if spec.command is not None:
@@ -278,7 +288,7 @@ class Supervisor:
                 "--replica", str(proc.replica), "--run-dir", str(self.run_dir),
                 "--supervisor", self.address]
 
-    def _pump(self, proc: _Proc, popen: subprocess.Popen) -> None:
+    def _pump(self, proc: _Proc, popen: subprocess.Popen | forkstart.ForkedNode) -> None:
         """Copy one child's output to its log file and, prefixed and coloured, to us."""
         width = max(len(p.label) for p in self.procs)
         assert popen.stdout is not None
