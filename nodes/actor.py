@@ -82,6 +82,10 @@ class Actor(Node):
             int(args.envs) * topo.algo_config.items_per_env_step()
 
     @classmethod
+    def runs_torch(cls, spec: NodeSpec) -> bool:
+        return spec.args.get("policy", "remote") == "local"  # remote: the broker acts
+
+    @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         """Which links a driver needs (checked by ``zmqrl validate``)."""
         try:

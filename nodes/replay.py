@@ -101,6 +101,10 @@ class Replay(Node):
         return spec.args.get("sampler", "uniform") == "prioritized"
 
     @classmethod
+    def runs_torch(cls, spec: NodeSpec) -> bool:
+        return False  # numpy arrays in, numpy arrays out
+
+    @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         args = cls.Args(**spec.args)
         where = ("nodes", spec.name, "args")

@@ -6,6 +6,8 @@ and unroll length): a stand-in must not teach producers that a bad unroll is fin
 
 from __future__ import annotations
 
+from typing import Any
+
 from zmqrl.bus import messages, wire
 from zmqrl.bus.node import Node
 
@@ -14,6 +16,10 @@ class Sink(Node):
     binds = {"experience": "router", "params": "pub"}
     accepts = {"experience": (wire.UNROLL,)}
     metrics_interval_s = 1.0
+
+    @classmethod
+    def runs_torch(cls, spec: Any) -> bool:
+        return False
 
     def setup(self) -> None:
         self.unrolls = 0

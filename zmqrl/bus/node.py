@@ -359,6 +359,14 @@ class Node:
         """Node-specific checks of a topology entry, as (field path, message) pairs."""
         return []
 
+    @classmethod
+    def runs_torch(cls, spec: NodeSpec) -> bool:
+        """Whether this node, as ``spec`` configures it, runs a torch model. ``zmqrl up``
+        forks such a node from its template with torch already loaded
+        (:mod:`zmqrl.run.forkstart`); one that runs none (a remote actor, a replay) starts
+        as a fresh interpreter that never imports torch, and stays small."""
+        return True
+
     # ----- wiring -------------------------------------------------------------------
     def port_frame_cap(self, port: str) -> int | None:
         """The largest frame an honest peer sends to bound ``port``, where this node knows

@@ -18,7 +18,10 @@ the CLI's ``node`` command. :class:`ForkedNode` answers the part of Popen's inte
 supervisor uses (``pid``, ``poll``, ``wait``, ``stdout``); exit codes follow Popen's (``-N``
 for a signal).
 
-``ZMQRL_FORKSERVER=0`` makes every node a fresh interpreter again (``subprocess``). A
+Only a node that runs torch is forked (``Node.runs_torch``, which each node class answers
+for its spec): one that runs no model (a remote actor, a replay) starts as a fresh
+interpreter that never imports torch and stays small. ``ZMQRL_FORKSERVER=0`` makes every
+node a fresh interpreter again (``subprocess``), as does ``PYTHONPROFILEIMPORTTIME``. A
 node with a ``command:`` (another program) is always a plain subprocess.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import runpy
 import shlex
 import signal
 import subprocess
@@ -46,7 +50,10 @@ _context: Any = None
 
 
 def enabled() -> bool:
+    """Forking is on, unless switched off, or each process's imports are being profiled
+    (``PYTHONPROFILEIMPORTTIME``: a forked node imports nothing, its template did)."""
     return (os.environ.get(ENABLE_ENV, "1") != "0"
+            and not os.environ.get("PYTHONPROFILEIMPORTTIME")
             and "forkserver" in multiprocessing.get_all_start_methods())
 
 
@@ -148,10 +155,8 @@ def _child(command: list[str], env: dict[str, str], out: int, cwd: str) -> None:
     if sys.path[:1] != [cwd]:
         sys.path.insert(0, cwd)  # as ``python -m`` puts it: a user's modules beside it
     sys.argv = ["zmqrl", *command[3:]]
-    from zmqrl.cli import main
-
     try:
-        main.main(args=command[3:], prog_name="zmqrl")
+        runpy.run_module("zmqrl.cli", run_name="__main__", alter_sys=True)  # python -m
     finally:
         atexit._run_exitfuncs()  # what the node registered: an interpreter's exit runs them
         sys.stdout.flush()

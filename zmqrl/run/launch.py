@@ -49,7 +49,7 @@ from zmqrl.run.nodeproc import run_node, watchdog  # noqa: F401  (the public ent
 from zmqrl.run.progress import Progress
 from zmqrl.run.restart import Restarts
 from zmqrl.run.runmetrics import RunMetrics, StopConditions, new_secret
-from zmqrl.run.topology import Topology
+from zmqrl.run.topology import Topology, load_class
 
 __all__ = ["RunDirError", "StopConditions", "Supervisor", "check_run_dir", "default_run_dir",
            "procfile", "run_node", "watchdog"]
@@ -252,7 +252,7 @@ class Supervisor:
         secret = new_secret()
         env = dict(os.environ, PYTHONUNBUFFERED="1", ZMQRL_NODE=proc.label,
                    **{PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: secret})
-        if self.topo.nodes[proc.node].command is None and forkstart.enabled():
+        if self._forked(proc.node):
             # A fork of the preloaded template: no interpreter start, no torch import.
             proc.popen = forkstart.start(cmd, env, self._node_modules())
         else:
@@ -275,10 +275,17 @@ class Supervisor:
         pump.start()
         proc.pumps.append(pump)
 
+    def _forked(self, node: str) -> bool:
+        """Whether ``node`` is forked from the preloaded template: a built-in node that
+        runs torch (one that runs none starts small, as a fresh interpreter)."""
+        spec = self.topo.nodes[node]
+        return (spec.command is None and forkstart.enabled()
+                and getattr(load_class(spec.target), "runs_torch", lambda _s: True)(spec))
+
     def _node_modules(self) -> list[str]:
         """The modules of the topology's node classes: the fork template preloads them."""
-        return sorted({spec.target.partition(":")[0] for spec in self.topo.nodes.values()
-                       if spec.command is None and spec.target})
+        return sorted({self.topo.nodes[n].target.partition(":")[0] for n in self.topo.nodes
+                       if self._forked(n)})
 
     def _command(self, proc: _Proc) -> list[str]:
         spec = self.topo.nodes[proc.node]
