@@ -141,6 +141,7 @@ class Supervisor:
         self.resume = resume
         self.stop = stop
         self.console = console or Console(highlight=False, soft_wrap=True)
+        self.no_fork = False  # set if the fork template fails: fresh interpreters then
         self.procs: list[_Proc] = []
         self.metrics = RunMetrics(topo, stop, self.run_dir, resume)
         self.stopping = False
@@ -252,10 +253,17 @@ class Supervisor:
         secret = new_secret()
         env = dict(os.environ, PYTHONUNBUFFERED="1", ZMQRL_NODE=proc.label,
                    **{PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: secret})
+        proc.popen = None
         if self._forked(proc.node):
             # A fork of the preloaded template: no interpreter start, no torch import.
-            proc.popen = forkstart.start(cmd, env, self._node_modules())
-        else:
+            try:
+                proc.popen = forkstart.start(cmd, env, self._node_modules())
+            except (OSError, EOFError) as exc:  # the template died (a module it preloads
+                # raised as it was imported): each node then shows its own error
+                self.no_fork = True
+                self.console.print(f"supervisor: forking {proc.label} failed ({exc!r}); "
+                                   "starting fresh interpreters", markup=False)
+        if proc.popen is None:
             # Its own session (a whole node tree can be signalled), and it dies with us.
             proc.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -279,7 +287,7 @@ class Supervisor:
         """Whether ``node`` is forked from the preloaded template: a built-in node that
         runs torch (one that runs none starts small, as a fresh interpreter)."""
         spec = self.topo.nodes[node]
-        return (spec.command is None and forkstart.enabled()
+        return (spec.command is None and not self.no_fork and forkstart.enabled()
                 and getattr(load_class(spec.target), "runs_torch", lambda _s: True)(spec))
 
     def _node_modules(self) -> list[str]:
