@@ -133,10 +133,13 @@ def _child(command: list[str], env: dict[str, str], out: int, cwd: str) -> None:
         signal.signal(sig, signal.SIG_DFL)
     # Only the supervisor holds the template's lifeline: when it dies, the template ends,
     # and so (by their death signal) do its nodes. A fresh resource tracker if one is used.
-    os.close(forkserver._forkserver._forkserver_alive_fd)
-    forkserver._forkserver._forkserver_alive_fd = None
-    os.close(resource_tracker._resource_tracker._fd)
-    resource_tracker._resource_tracker._fd = None
+    # (CPython's private names: where a version lacks them there is nothing to close.)
+    for holder, name in ((forkserver._forkserver, "_forkserver_alive_fd"),
+                         (resource_tracker._resource_tracker, "_fd")):
+        fd = getattr(holder, name, None)
+        if isinstance(fd, int):
+            os.close(fd)
+            setattr(holder, name, None)
     setproctitle.setproctitle(shlex.join(command))  # ps, top and /proc show the node
     from zmqrl.bus import lifetime
     from zmqrl.bus.node import PARENT_PID_ENV
