@@ -107,7 +107,7 @@ class League(Node):
         self.candidate: Any = None  # the member this evaluation admits when it finishes
         self.evaluated_version = -1
         self.evaluations = 0
-        self.next_eval_at = time.monotonic()  # a first evaluation at once: the baseline
+        self.next_eval_at = time.monotonic()
         self.row: dict[str, Any] = {}
         self.path = self.ctx.run_dir / "league.json"
         self.checkpointer = Checkpointer(
@@ -118,6 +118,10 @@ class League(Node):
         if self.resumed:
             self.log.info("resumed: %d evaluations, members %s, %d results", self.evaluations,
                           ", ".join(self.members) or "none", len(self.results))
+        else:
+            # The baseline: the untrained policy, taken before the first poll can apply a
+            # learner's parameters (a league that starts late would else never see it).
+            self._start()
 
     def on_params(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type != wire.PARAMS:

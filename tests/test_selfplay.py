@@ -273,7 +273,9 @@ def test_selfplay_topology_learns_to_beat_a_random_player(processes, tmp_path):
                            "nodes.league.args.eval_every_s=5", log=log)
     assert proc.wait(timeout=RUN_SECONDS + 60) == 0, log.read_text()[-3000:]
     rows = read_csv(run_dir / "metrics" / "league.csv")
-    rates = [float(r["eval/win_rate_random"]) for r in rows if r.get("eval/win_rate_random")]
+    evals = [r for r in rows if r.get("eval/win_rate_random")]
+    assert int(evals[0]["eval/param_version"]) == 0, evals[0]  # the baseline: untrained
+    rates = [float(r["eval/win_rate_random"]) for r in evals]
     first, best = rates[0], max(rates)
     assert first < UNTRAINED_AT_MOST, rates  # the untrained policy: as good as random
     assert best >= WIN_BAR, f"best win rate {best} against random: {rates}"
