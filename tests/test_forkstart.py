@@ -78,6 +78,11 @@ def test_up_forks_its_nodes_and_zmqrl_forkserver_0_does_not(processes, tmp_path)
         proc.send_signal(signal.SIGTERM)  # every node stops cleanly: up exits 0
         assert proc.wait(timeout=60) == 0, (tmp_path / f"up-{switch}.log").read_text()[-3000:]
         assert int(read_csv(run_dir / "metrics" / "run.csv")[-1]["env_steps"]) > 0
+        # what a user reads: no warning of zmqrl.cli run again in each forked child
+        # (multiprocessing re-runs ``python -m zmqrl.cli``'s main module there)
+        said = (tmp_path / f"up-{switch}.log").read_text() + "".join(
+            log.read_text() for log in (run_dir / "logs").glob("*.log"))
+        assert "RuntimeWarning" not in said, said[-3000:]
     for switch, (cmdline, session, pid) in seen.items():
         assert session == pid, switch  # its own session: the supervisor signals its group
         assert b"zmqrl.cli node" in cmdline.replace(b"\0", b" ") and b" learner " in \

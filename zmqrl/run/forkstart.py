@@ -35,7 +35,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import warnings
 from collections.abc import Iterable
 from multiprocessing import forkserver, reduction, resource_tracker
 from typing import IO, Any
@@ -159,10 +158,7 @@ def _child(command: list[str], env: dict[str, str], out: int, cwd: str) -> None:
     if sys.path[:1] != [cwd]:
         sys.path.insert(0, cwd)  # as ``python -m`` puts it: a user's modules beside it
     sys.argv = ["zmqrl", *command[3:]]
-    # The template imported zmqrl.cli; running it again as __main__ (as ``python -m``
-    # does) defines its commands a second time, which is harmless: say nothing of it.
-    warnings.filterwarnings("ignore", category=RuntimeWarning,
-                            message="'zmqrl.cli' found in sys.modules")
+    # (zmqrl.cli runs again as __main__: forktemplate silences runpy's warning of it.)
     try:
         runpy.run_module("zmqrl.cli", run_name="__main__", alter_sys=True)  # python -m
     finally:
