@@ -195,7 +195,7 @@ def free_base_port(count: int, host: str = "127.0.0.1") -> int:
 
 def process_argv(proc_entry: Path) -> list[str]:
     """The command line of the process at ``/proc/<pid>``, as words. A node forked from
-    the supervisor's preloaded template (zmqrl.run.forkstart) shows its command as one
+    the supervisor's fork template (zmqrl.run.forkstart) shows its command as one
     title string, which is split as a shell would."""
     words = [w for w in (proc_entry / "cmdline").read_bytes().decode(errors="replace")
              .split("\0") if w]

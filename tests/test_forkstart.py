@@ -1,4 +1,4 @@
-"""Nodes forked from the supervisor's preloaded template (zmqrl.run.forkstart): each
+"""Nodes forked from the template the supervisor forks of itself (zmqrl.run.forkstart): each
 runs the command it was given, in its own session, with its own title, environment and
 exit code, its output through the supervisor's pipe; and ``ZMQRL_FORKSERVER=0`` starts
 fresh interpreters instead."""
@@ -10,35 +10,55 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import REPO, read_csv, wait_for, write_topology
 from runs import rows_of
 
 # Run in a process of its own: the template lives as long as the process that started it.
 SCRIPT = r'''
-import json, os, sys, time
+import json, os, signal, sys, time
 from zmqrl.run import forkstart
 
+assert forkstart.open_template()
 cmd = [sys.executable, "-m", "zmqrl.cli"]
 out = {}
 ok = forkstart.start(cmd + ["validate", sys.argv[1]], dict(os.environ, MARK="1"))
 out["ok"] = [ok.wait(120), ok.stdout.read()]
 bad = forkstart.start(cmd + ["node", sys.argv[1], "no_such_node"], dict(os.environ))
 out["bad"] = [bad.wait(120), bad.stdout.read()]
+# a learner with nothing to learn from runs until it is killed
+learner = forkstart.start(cmd + ["node", sys.argv[1], "learner", "--run-dir", sys.argv[2]],
+                          dict(os.environ))
+time.sleep(1)
+out["running"] = learner.poll()
+os.kill(learner.pid, signal.SIGKILL)
+out["killed"] = learner.wait(60)
+out["template"] = forkstart._template.pid
 print(json.dumps(out))
 '''
 
 
 def test_a_forked_command_runs_with_its_output_and_exit_code(tmp_path):
     topo = REPO / "topologies" / "seed.yaml"
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(topo)], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(topo), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.splitlines()[-1])
     code, text = out["ok"]
     assert code == 0 and "seed" in text, out
     code, text = out["bad"]
     assert code == 2 and "no node 'no_such_node'" in text, out
+    assert out["running"] is None and out["killed"] == -signal.SIGKILL, out
+    # the template ended with the process that opened it
+    wait_for(lambda: _ended(out["template"]), 10, "the template to end with its supervisor")
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def _title_and_session(pid: int) -> tuple[bytes, int]:

@@ -12,7 +12,7 @@ import click
 import yaml
 
 from zmqrl.bus import cores, security
-from zmqrl.run import launch
+from zmqrl.run import forkstart, launch
 from zmqrl.run.topology import Topology, TopologyError, load, merge
 
 
@@ -136,6 +136,8 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
             topology = str(Path(resume_dir) / "topology.yaml")
     elif topology is None:
         raise click.UsageError("missing TOPOLOGY (or --resume RUN_DIR)")
+    if engine == "local":  # before any torch op or thread here (zmqrl.run.forkstart)
+        forkstart.open_template()
     topo = _load(topology, sets)
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo)
     check(directory)
@@ -309,6 +311,8 @@ def bench(actors: int, envs: int, seconds: float, topology_path: str, lanes: int
           with_learner: bool, json_path: str | None, pin: bool) -> None:
     """SEED acting throughput against the no-network limit, measured in one run."""
     from zmqrl.run.bench import run_bench
+
+    forkstart.open_template()  # before the limit's torch ops (zmqrl.run.forkstart)
 
     try:
         run_bench(topology_path, actors, envs, seconds, with_learner, json_path, lanes, pin)

@@ -258,8 +258,8 @@ class Supervisor:
             # A fork of the preloaded template: no interpreter start, no torch import.
             try:
                 proc.popen = forkstart.start(cmd, env, self._node_modules())
-            except (OSError, EOFError) as exc:  # the template died (a module it preloads
-                # raised as it was imported): each node then shows its own error
+            except OSError as exc:  # the template died, or a node module raised as it
+                # imported it: each node then shows its own error
                 self.no_fork = True
                 self.console.print(f"supervisor: forking {proc.label} failed ({exc!r}); "
                                    "starting fresh interpreters", markup=False)
@@ -287,7 +287,7 @@ class Supervisor:
         """Whether ``node`` is forked from the preloaded template: a built-in node that
         runs torch (one that runs none starts small, as a fresh interpreter)."""
         spec = self.topo.nodes[node]
-        return (spec.command is None and not self.no_fork and forkstart.enabled()
+        return (spec.command is None and not self.no_fork and forkstart.ready()
                 and getattr(load_class(spec.target), "runs_torch", lambda _s: True)(spec))
 
     def _node_modules(self) -> list[str]:
