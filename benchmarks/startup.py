@@ -3,6 +3,11 @@ interpreter per node (``ZMQRL_FORKSERVER=0``), alternated run by run so the mach
 drift falls on both.
 
     python benchmarks/startup.py topologies/seed.yaml topologies/pbt_seed.yaml --pairs 4
+    python benchmarks/startup.py topologies/seed.yaml --before ../zmqrl-old   # forked both
+
+With ``--before CHECKOUT`` the two sides are this checkout and that one, both forked
+(each run from its checkout's directory, so ``python -m zmqrl.cli`` imports that
+checkout's package first): a change to the start-up path measured in one sitting.
 
 Per run: seconds from launching ``zmqrl up`` until the first learner update appears in
 its metrics, and the CPU seconds the whole process tree (supervisor, template, nodes)
@@ -53,16 +58,21 @@ def _first_update(run_dir: Path) -> bool:
     return False
 
 
-def one_run(topology: str, forked: bool, timeout_s: float) -> tuple[float, float]:
-    """(seconds to the first update, CPU seconds of the tree by then)."""
+def one_run(topology: str, forked: bool, timeout_s: float,
+            checkout: Path | None = None) -> tuple[float, float]:
+    """(seconds to the first update, CPU seconds of the tree by then), of this checkout
+    or of ``checkout``."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         env = dict(os.environ, ZMQRL_FORKSERVER="1" if forked else "0")
+        cwd = checkout or Path.cwd()
+        if checkout is not None:
+            env["PYTHONPATH"] = str(checkout)
         start = time.monotonic()
         up = subprocess.Popen([sys.executable, "-m", "zmqrl.cli", "up", topology, "--run-dir",
                                str(run_dir), "--max-seconds", str(timeout_s)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                              start_new_session=True)
+                              start_new_session=True, cwd=cwd)
         cpu: dict[int, float] = {}
         try:
             while time.monotonic() - start < timeout_s:
@@ -84,26 +94,33 @@ def one_run(topology: str, forked: bool, timeout_s: float) -> tuple[float, float
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("topologies", nargs="+")
-    p.add_argument("--pairs", type=int, default=4, help="forked/fresh pairs per topology")
+    p.add_argument("topologies", nargs="+", help="paths relative to each checkout")
+    p.add_argument("--pairs", type=int, default=4, help="runs of each side per topology")
     p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--before", type=Path, help="another checkout: compare its forked start "
+                   "with this one's (instead of forked with fresh)")
     args = p.parse_args()
+    before = args.before.resolve() if args.before else None
+    # side: (label, forked, checkout); the first is the one the ratio divides by
+    sides = ([("this", True, None), ("before", True, before)] if before else
+             [("forked", True, None), ("fresh", False, None)])
     for topology in args.topologies:
-        runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in sides}
         for i in range(args.pairs):
-            order = (True, False) if i % 2 == 0 else (False, True)
-            for forked in order:
-                runs[forked].append(one_run(topology, forked, args.timeout_s))
+            for label, forked, checkout in (sides if i % 2 == 0 else sides[::-1]):
+                runs[label].append(one_run(topology, forked, args.timeout_s, checkout))
         print(f"{topology}:")
-        for forked, name in ((True, "forked"), (False, "fresh ")):
-            secs = [r[0] for r in runs[forked]]
-            cpus = [r[1] for r in runs[forked]]
-            print(f"  {name}: first update {statistics.median(secs):5.1f} s, CPU by then "
+        for label, _, _ in sides:
+            secs = [r[0] for r in runs[label]]
+            cpus = [r[1] for r in runs[label]]
+            print(f"  {label:>6}: first update {statistics.median(secs):5.1f} s, CPU by then "
                   f"{statistics.median(cpus):5.1f} s   (runs: "
-                  + ", ".join(f"{s:.1f} s/{c:.1f} cpu" for s, c in runs[forked]) + ")")
-        med = {f: [statistics.median(r[k] for r in runs[f]) for k in (0, 1)] for f in runs}
-        print(f"  fresh/forked: time {med[False][0] / med[True][0]:.2f}x, "
-              f"CPU {med[False][1] / med[True][1]:.2f}x")
+                  + ", ".join(f"{s:.1f} s/{c:.1f} cpu" for s, c in runs[label]) + ")")
+        med = {label: [statistics.median(r[k] for r in runs[label]) for k in (0, 1)]
+               for label in runs}
+        (mine, _, _), (other, _, _) = sides
+        print(f"  {other}/{mine}: time {med[other][0] / med[mine][0]:.2f}x, "
+              f"CPU {med[other][1] / med[mine][1]:.2f}x")
 
 
 if __name__ == "__main__":
