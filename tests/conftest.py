@@ -28,9 +28,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line(
+        "markers", "minutes(n): a module whose tests take about n minutes together on a "
+        "loaded 2-core machine; the longest modules are handed to workers first")
+
+
+def _module_minutes(item: pytest.Item) -> float:
+    mark = getattr(getattr(item, "module", None), "pytestmark", None)
+    marks = mark if isinstance(mark, list) else [mark] if mark is not None else []
+    return next((float(m.args[0]) for m in marks if getattr(m, "name", "") == "minutes"), 0.0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Longest modules first (xdist --dist loadfile deals whole modules out in this order):
+    # test_topologies.py alone is ~8 minutes, and collected in name order it started
+    # last, so one worker ran it by itself while the other core idled. A stable sort:
+    # each module's tests keep their order.
+    items.sort(key=lambda item: -_module_minutes(item))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

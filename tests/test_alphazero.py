@@ -33,6 +33,8 @@ from zmqrl.run.topology import TopologyError, from_dict  # noqa: E402
 
 from conftest import REPO, read_csv  # noqa: E402
 
+pytestmark = pytest.mark.minutes(1.2)  # tests/conftest.py: long modules first
+
 TTT = env_id("tic_tac_toe")
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from conftest import REPO
+
+pytestmark = pytest.mark.minutes(1.5)  # tests/conftest.py: long modules first
 
 DEADLINE_S = 420  # the dry run takes ~2 minutes on a loaded 2-core machine
 

@@ -29,6 +29,8 @@ from zmqrl.run.topology import load
 
 from conftest import read_csv, wait_for
 
+pytestmark = pytest.mark.minutes(1.1)  # tests/conftest.py: long modules first
+
 UNROLL, OBS, BATCH = 4, 4, 8
 MODEL = {"kind": "mlp", "hidden": [8]}
 Q_MODEL = {"kind": "dueling_mlp", "hidden": [8]}

@@ -11,11 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from zmqrl.bus import lifetime
 
 from conftest import read_csv, stop_process, wait_for, write_topology
+
+pytestmark = pytest.mark.minutes(1.1)  # tests/conftest.py: long modules first
 
 SMALL = {"nodes": {"actor": {"replicas": 2, "args": {"envs": 4}}}}
 

@@ -9,7 +9,11 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import pid_of, read_csv, stop_process, wait_for, write_topology
+
+pytestmark = pytest.mark.minutes(1.7)  # tests/conftest.py: long modules first
 
 # Peers declare a silent link peer dead after 2 s here (default 5 s), so the tests wait
 # less; the supervisor uses the same timeout for its own "silent" report.

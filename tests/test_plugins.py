@@ -31,6 +31,8 @@ from zmqrl.run.topology import TopologyError, load
 from conftest import REPO, read_csv, write_topology
 from expect import expectation
 
+pytestmark = pytest.mark.minutes(1)  # tests/conftest.py: long modules first
+
 PLUGIN = REPO / "examples" / "plugins" / "boltzmann"
 
 

@@ -43,6 +43,8 @@ from zmqrl.run.topology import TopologyError, from_dict
 
 from conftest import REPO, free_base_port, pid_of, read_csv, stop_all, wait_for, write_topology
 
+pytestmark = pytest.mark.minutes(2)  # tests/conftest.py: long modules first
+
 HEAD_IP, OTHER_IP = "127.0.0.2", "127.0.0.3"
 RAY_START_S = 180  # a loaded 2-core machine takes 20-40 s per Ray node
 WORKER_PORTS = 30  # Ray worker processes per Ray node, at most

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import zmq
 
@@ -32,6 +33,8 @@ from zmqrl.bus import wire
 from zmqrl.bus.endpoints import ipc_dir
 
 from conftest import REPO, Client, process_argv, read_csv, wait_for, write_topology
+
+pytestmark = pytest.mark.minutes(1.6)  # tests/conftest.py: long modules first
 
 SEED_SMALL = {"nodes": {"actor": {"replicas": 1, "args": {"envs": 16}},
                         "learner": {"args": {"device": "cpu"}}}}

@@ -17,6 +17,8 @@ from conftest import REPO, read_csv
 from expect import RUNS_ONLY, Expectation, expectation
 from runs import assert_data_crossed_every_link, most_updates, moved_and_updated, rows_of, run_until
 
+pytestmark = pytest.mark.minutes(8)  # tests/conftest.py: long modules first
+
 # Every file in topologies/, each held to its own `expect:` section (tests/expect.py): a
 # return to reach, seconds that bound a failing run, updates, --set overrides, or where
 # it is tested instead. A file without the section is run, not held to a return.

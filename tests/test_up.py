@@ -14,6 +14,8 @@ import yaml
 
 from conftest import REPO, read_csv, stop_process, wait_for, write_topology
 
+pytestmark = pytest.mark.minutes(2)  # tests/conftest.py: long modules first
+
 SMALL = {"nodes": {"actor": {"replicas": 2, "args": {"envs": 4}}}}
 
 
