@@ -40,7 +40,8 @@ def _module_minutes(item: pytest.Item) -> float:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Longest modules first (xdist --dist loadfile deals whole modules out in this order):
+    # Longest modules first (xdist --dist loadfile --no-loadscope-reorder, pyproject.toml,
+    # deals whole modules out in this order):
     # test_topologies.py alone is ~8 minutes, and collected in name order it started
     # last, so one worker ran it by itself while the other core idled. A stable sort:
     # each module's tests keep their order.

@@ -3,17 +3,15 @@ plot."""
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 import yaml
 
-from zmqrl.bus import cores, security
+from zmqrl.bus import cores, lifetime, security
 from zmqrl.run import forkstart, launch
 from zmqrl.run.topology import Topology, TopologyError, load, merge
 
@@ -164,20 +162,9 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     if engine == "local":
-        _exit_now(code)
+        # every node stopped, every file and socket closed: skip the interpreter's teardown
+        lifetime.exit_now(code)
     sys.exit(code)
-
-
-def _exit_now(code: int) -> NoReturn:
-    """Exit without the interpreter's teardown, which with torch loaded spends ~1 s of
-    CPU freeing what the kernel frees at once (a forked node exits so too). What an exit
-    must do is done first: the atexit handlers (logging's flush among them) and stdout
-    and stderr flushed. Only after a supervisor that has stopped every node, closed its
-    files and sockets: it leaves no non-daemon thread behind."""
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
 
 
 @main.command()
@@ -215,7 +202,8 @@ def node(topology: str, name: str, replica: int, run_dir: str | None, supervisor
             from zmqrl.bus.endpoints import Endpoints
 
             table = Endpoints.load(endpoints_file)
-        sys.exit(launch.run_node(topo, name, replica, directory, supervisor, table))
+        # the node has closed its sockets and files: skip the interpreter's teardown
+        lifetime.exit_now(launch.run_node(topo, name, replica, directory, supervisor, table))
     child = [sys.executable, "-m", "zmqrl.cli", "node", topology, name, "--replica",
              str(replica), "--run-dir", str(directory)]
     child += ["--supervisor", supervisor] if supervisor else []

@@ -12,18 +12,23 @@
   ``locks/<label>.lock``. ``up`` refuses a run directory where any of them is held, and
   ``zmqrl node`` refuses to start a replica that already runs (under honcho or on
   another host each node process guards its own label, so no lock spans hosts).
+* :func:`exit_now`: how ``zmqrl up`` and ``zmqrl node`` end once their work is done, and
+  every forked node: what an interpreter's exit does for the program, not its teardown.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import fcntl
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) \
@@ -38,6 +43,25 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     if _libc is None:
         return False
     return _libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` as the interpreter would for the program (its other non-daemon
+    threads joined, the atexit handlers run: logging's flush among them; stdout and
+    stderr flushed) but without its teardown, which with torch loaded spends ~1 s of CPU
+    freeing memory the kernel frees at once."""
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and thread is not threading.current_thread() \
+                and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
 
 
 def child_preexec() -> None:

@@ -39,7 +39,6 @@ node's output pipe attached (``SCM_RIGHTS``); the template answers ``("started",
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import os
 import pickle
@@ -322,12 +321,9 @@ def _run_child(command: list[str], env: dict[str, str], out: int, cwd: str,
     except BaseException:
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+        from zmqrl.bus import lifetime
+
+        lifetime.exit_now(code)  # an interpreter's exit, less its teardown
 
 
 def _child(command: list[str], env: dict[str, str], out: int, cwd: str) -> int:
@@ -358,14 +354,11 @@ def _child(command: list[str], env: dict[str, str], out: int, cwd: str) -> int:
     sys.argv = ["zmqrl", *command[3:]]
     try:
         runpy.run_module("zmqrl.cli", run_name="__main__", alter_sys=True)  # python -m
-        code = 0
+        return 0
     except SystemExit as exc:
-        code = _exit_code(exc.code)
+        return _exit_code(exc.code)
     except KeyboardInterrupt:
-        code = 130  # as a shell reports an interrupted command
-    finally:
-        atexit._run_exitfuncs()  # what the node registered: an interpreter's exit runs them
-    return code
+        return 130  # as a shell reports an interrupted command
 
 
 def _exit_code(value: object) -> int:
