@@ -192,7 +192,7 @@ class League(Node):
         }
         self._write(latest, vs_random, vs_mcts, ratings)
         self.checkpointer.save(self.evaluations)
-        self.log.info("league: v%d wins %.0f %% against random, %.0f %% against MCTS-%d; "
+        self.log.info("v%d wins %.0f %% against random, %.0f %% against MCTS-%d; "
                       "Elo %.0f (random 0; members %s) [%.1f s]", self.evaluated_version,
                       100 * _rate(vs_random), 100 * _rate(vs_mcts), self.args.mcts_simulations,
                       ratings[latest], ", ".join(f"{m} {ratings[m]:.0f}" for m in self.members),
