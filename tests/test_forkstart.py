@@ -98,8 +98,8 @@ def test_up_forks_its_nodes_and_zmqrl_forkserver_0_does_not(processes, tmp_path)
         proc.send_signal(signal.SIGTERM)  # every node stops cleanly: up exits 0
         assert proc.wait(timeout=60) == 0, (tmp_path / f"up-{switch}.log").read_text()[-3000:]
         assert int(read_csv(run_dir / "metrics" / "run.csv")[-1]["env_steps"]) > 0
-        # what a user reads: no warning of zmqrl.cli run again in each forked child
-        # (multiprocessing re-runs ``python -m zmqrl.cli``'s main module there)
+        # what a user reads: no runpy warning of zmqrl.cli, which each forked child runs
+        # again as __main__ after the template imported it
         said = (tmp_path / f"up-{switch}.log").read_text() + "".join(
             log.read_text() for log in (run_dir / "logs").glob("*.log"))
         assert "RuntimeWarning" not in said, said[-3000:]
@@ -109,3 +109,28 @@ def test_up_forks_its_nodes_and_zmqrl_forkserver_0_does_not(processes, tmp_path)
             cmdline.replace(b"\0", b" "), cmdline
     assert b"\0" not in seen["1"][0].rstrip(b"\0")  # the title: one string
     assert seen["0"][0].count(b"\0") > 5  # a fresh interpreter's argv
+
+
+def test_a_killed_template_costs_the_run_only_speed(processes, tmp_path):
+    """SIGKILL the template mid-run: its forked nodes die with it, the supervisor restarts
+    them, says it cannot fork them any more and starts fresh interpreters, and the
+    learner updates again."""
+    path = write_topology(tmp_path, "a2c.yaml", nodes={"actor": {"replicas": 1}})
+    run_dir, log = tmp_path / "run", tmp_path / "up.log"
+    proc = processes.start([sys.executable, "-m", "zmqrl.cli", "up", str(path), "--run-dir",
+                            str(run_dir), "--max-seconds", "120"], log=log)
+
+    def updates() -> int:
+        return max((int(r["updates"]) for r in rows_of(run_dir, "learner")), default=0)
+
+    wait_for(lambda: updates() > 0, 90, "a learner update")
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    template = next(int(p) for p in children
+                    if b"fork template" in Path(f"/proc/{p}/cmdline").read_bytes())
+    os.kill(template, signal.SIGKILL)
+    wait_for(lambda: "starting fresh interpreters" in log.read_text(), 60,
+             "the supervisor to start fresh interpreters")
+    before = updates()
+    wait_for(lambda: updates() > before, 90, "learner updates after the template died")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]

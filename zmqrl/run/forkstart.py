@@ -186,8 +186,9 @@ def open_template() -> bool:
 
 
 def ready() -> bool:
-    """Whether this process has a live template to fork nodes from."""
-    return _template is not None and _template.alive and enabled()
+    """Whether this process opened a template to fork nodes from (if it has ended since,
+    :func:`start` raises :class:`TemplateGone`, so that the caller says so)."""
+    return _template is not None and enabled()
 
 
 def start(command: list[str], env: dict[str, str], modules: Iterable[str] = ()) -> ForkedNode:
@@ -225,7 +226,7 @@ def _serve(sock: socket.socket) -> None:
         lifetime.die_with_parent(signal.SIGKILL)
         if os.getppid() == 1:
             os._exit(0)  # the supervisor died before the line above
-        setproctitle_of(f"zmqrl fork template (supervisor {os.getppid()})")
+        _set_title(f"zmqrl fork template (supervisor {os.getppid()})")
         # The supervisor's other files are not the nodes' business (as Popen's close_fds)
         _close_fds_but(0, 1, 2, sock.fileno())
         # Each child runs zmqrl.cli again as __main__ (what ``python -m`` does) though it
@@ -249,6 +250,8 @@ def _serve(sock: socket.socket) -> None:
                         while os.read(wake_r, 512) == 512:
                             pass
                 _reap(sock)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the supervisor ended while we told it something: so do we
     except BaseException:
         code = 1
         traceback.print_exc()
@@ -256,7 +259,7 @@ def _serve(sock: socket.socket) -> None:
         os._exit(code)
 
 
-def setproctitle_of(title: str) -> None:
+def _set_title(title: str) -> None:
     import setproctitle
 
     setproctitle.setproctitle(title)
@@ -329,7 +332,7 @@ def _run_child(command: list[str], env: dict[str, str], out: int, cwd: str,
 def _child(command: list[str], env: dict[str, str], out: int, cwd: str) -> int:
     """Become what ``command`` would have been, then run it; its exit code."""
     os.setsid()  # its own session and group: the supervisor signals the whole tree
-    setproctitle_of(shlex.join(command))  # ps, top and /proc show the node
+    _set_title(shlex.join(command))  # ps, top and /proc show the node
     from zmqrl.bus import lifetime
     from zmqrl.bus.node import PARENT_PID_ENV
 
