@@ -244,6 +244,7 @@ def test_a_learner_refuses_a_bad_load_and_publishes_and_checkpoints_a_good_one(
     log = tmp_path / "learner.log"
     proc = processes.zmqrl("node", str(path), "learner_m0", "--run-dir", str(run_dir), log=log)
     versions: list[int] = []
+    published_arrays: dict[int, dict] = {}  # version -> its arrays
     try:
         def recv(msg_type: str, timeout: float = 10) -> tuple[list, wire.Message]:
             deadline = time.monotonic() + timeout
@@ -258,7 +259,9 @@ def test_a_learner_refuses_a_bad_load_and_publishes_and_checkpoints_a_good_one(
                         continue
                     assert msg.type == wire.PBT_REPORT, msg
                 while params.poll(0):
-                    versions.append(wire.decode(params.recv_multipart()).fields["version"])
+                    update = wire.decode(params.recv_multipart())
+                    versions.append(update.fields["version"])
+                    published_arrays[update.fields["version"]] = update.arrays
                 assert proc.poll() is None, log.read_text()[-3000:]
             raise AssertionError(f"no {msg_type} within {timeout}s: "
                                  f"{log.read_text()[-3000:]}")
@@ -301,6 +304,9 @@ def test_a_learner_refuses_a_bad_load_and_publishes_and_checkpoints_a_good_one(
 
         wait_for(lambda: recv(wire.PBT_REPORT) and versions, 30, "the learner's params")
         published = max(versions)
+        # Counted before the load: the learner publishes the loaded params before it
+        # checkpoints and answers, so they may arrive before `pbt_loaded` does.
+        n = len(versions)
         request(wire.PBT_LOAD, {"state": _state_bytes(good)}, request=0, donor=1,
                 hyperparameters=lr)
         loaded = recv(wire.PBT_LOADED)[1]
@@ -308,10 +314,11 @@ def test_a_learner_refuses_a_bad_load_and_publishes_and_checkpoints_a_good_one(
         checkpoint = torch.load(run_dir / "checkpoints" / "learner_m0.pt", weights_only=True)
         assert torch.equal(checkpoint["model"][first], good["model"][first])
         assert checkpoint["pbt"]["hyperparameters"] == lr
-        n = len(versions)
-        wait_for(lambda: recv(wire.PBT_REPORT) and len(versions) > n, 10,
-                 "the loaded params published")
-        assert max(versions[n:]) > published, (published, versions)
+        wait_for(lambda: len(versions) > n or recv(wire.PBT_REPORT) and len(versions) > n,
+                 10, "the loaded params published")
+        newest = max(versions[n:])
+        assert newest > published, (published, versions)
+        assert np.all(published_arrays[newest][first] == 0.25), "published, but not the load"
         assert proc.poll() is None
         assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
     finally:
