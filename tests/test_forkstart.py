@@ -30,8 +30,12 @@ out["bad"] = [bad.wait(120), bad.stdout.read()]
 # a learner with nothing to learn from runs until it is killed
 learner = forkstart.start(cmd + ["node", sys.argv[1], "learner", "--run-dir", sys.argv[2]],
                           dict(os.environ))
-time.sleep(1)
-out["running"] = learner.poll()
+# until it reports its first metrics row (it is up and running), or ends
+metrics = os.path.join(sys.argv[2], "metrics", "learner.csv")
+deadline = time.monotonic() + 120
+while learner.poll() is None and not os.path.exists(metrics) and time.monotonic() < deadline:
+    time.sleep(0.05)
+out["running"] = [learner.poll(), os.path.exists(metrics)]
 os.kill(learner.pid, signal.SIGKILL)
 out["killed"] = learner.wait(60)
 out["template"] = forkstart._template.pid
@@ -49,7 +53,7 @@ def test_a_forked_command_runs_with_its_output_and_exit_code(tmp_path):
     assert code == 0 and "seed" in text, out
     code, text = out["bad"]
     assert code == 2 and "no node 'no_such_node'" in text, out
-    assert out["running"] is None and out["killed"] == -signal.SIGKILL, out
+    assert out["running"] == [None, True] and out["killed"] == -signal.SIGKILL, out
     # the template ended with the process that opened it
     wait_for(lambda: _ended(out["template"]), 10, "the template to end with its supervisor")
 
