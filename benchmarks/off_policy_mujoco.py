@@ -5,6 +5,7 @@ side by side in one sitting, at the same wall-clock budget.
         stable-baselines3 'gymnasium[mujoco]>=1.1'      # SB3 in its own venv, not ours
     python benchmarks/off_policy_mujoco.py --sb3-python ~/sb3venv/bin/python \\
         [--seeds 1 2 3] [--minutes 15] [--env HalfCheetah-v5] [--out runs/offpolicy]
+    python benchmarks/off_policy_mujoco.py --report --out runs/offpolicy   # tables of all runs
     zmqrl plot runs/offpolicy/*/ -o docs/offpolicy_halfcheetah.png --metric return_mean_20
 
 For each seed, one after another (so every arm sees the same machine): SB3's SAC with its
@@ -93,20 +94,8 @@ def first_reaching(run_dir: Path, value: float) -> float | None:
     return None
 
 
-def busiest_node(run_dir: Path) -> str:
-    """The node replica with the highest mean cpu_cores over the run, and that figure."""
-    best = ("?", 0.0)
-    for path in sorted((run_dir / "metrics").glob("*.csv")):
-        if path.stem == "run":
-            continue
-        with open(path, newline="") as f:
-            cpu = [float(r["cpu_cores"]) for r in csv.DictReader(f) if r.get("cpu_cores")]
-        if cpu and statistics.mean(cpu) > best[1]:
-            best = (path.stem, statistics.mean(cpu))
-    return f"{best[0]} {best[1]:.2f}"
-
-
 def node_cpu(run_dir: Path) -> str:
+    """Each node replica's mean cpu_cores over the run."""
     parts = []
     for path in sorted((run_dir / "metrics").glob("*.csv")):
         if path.stem == "run":
@@ -118,6 +107,47 @@ def node_cpu(run_dir: Path) -> str:
     return ", ".join(parts)
 
 
+def at_time(run_dir: Path, seconds: float) -> float | None:
+    """The run's mean return of the last 20 episodes at its last row by ``seconds``."""
+    with open(run_dir / "metrics" / "run.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if float(r["time_s"]) <= seconds]
+    value = float(rows[-1]["return_mean_20"]) if rows else float("nan")
+    return None if value != value else value
+
+
+def row(arm: str, seed: int, run_dir: Path) -> str:
+    """One markdown row of the results table (the replay ratio: updates × 256 / env steps)."""
+    end = final_row(run_dir)
+    ratio = end["updates"] * 256 / max(end["env_steps"], 1)
+    cpu = "(one process)" if arm == "sb3" else node_cpu(run_dir)
+    return (f"| {arm} | {seed} | {end['return_mean_20']:.0f} | {end['env_steps']:,.0f} | "
+            f"{end['env_steps'] / end['time_s']:.0f} | {end['updates'] / end['time_s']:.0f} "
+            f"| {ratio:.1f} | {cpu} |")
+
+
+def summary(runs: dict[str, list[Path]], minutes: float) -> None:
+    """Per arm: the median return at the budget, the return by wall time of each run,
+    and when each zmqrl run first reached SB3's median."""
+    medians = {arm: statistics.median(final_row(d)["return_mean_20"] for d in dirs)
+               for arm, dirs in runs.items() if dirs}
+    for arm, value in medians.items():
+        print(f"{arm}: median return(20) at {minutes:g} min: {value:.0f}")
+    marks = [m for m in (2.5, 5, 7.5, 10, 12.5, 15) if m <= minutes]
+    print("\n| arm | seed | " + " | ".join(f"{m:g} min" for m in marks) + " |")
+    print("|---|---|" + "---|" * len(marks))
+    for arm, dirs in runs.items():
+        for d in dirs:
+            cells = [at_time(d, m * 60) for m in marks]
+            print(f"| {arm} | {d.name.rsplit('seed', 1)[1]} | "
+                  + " | ".join("–" if c is None else f"{c:.0f}" for c in cells) + " |")
+    if "sb3" in medians:
+        for arm in ZMQRL_TOPOLOGIES:
+            if runs.get(arm):
+                reached = [first_reaching(d, medians["sb3"]) for d in runs[arm]]
+                shown = ", ".join("never" if r is None else f"{r:.0f} s" for r in reached)
+                print(f"{arm}: first reached SB3's median {medians['sb3']:.0f} at {shown}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sb3-python", help="the python of a venv with stable-baselines3")
@@ -126,6 +156,8 @@ def main() -> None:
     parser.add_argument("--env", default="HalfCheetah-v5")
     parser.add_argument("--out", default="runs/offpolicy")
     parser.add_argument("--arms", nargs="+", default=["sb3", *ZMQRL_TOPOLOGIES])
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: the tables of every finished run under --out")
     parser.add_argument("--sb3-child", nargs=2, metavar=("SEED", "RUN_DIR"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -138,6 +170,16 @@ def main() -> None:
     print("| arm | seed | return(20) at the end | env steps | env steps/s | updates/s | "
           "replay ratio | mean cpu_cores per node |")
     print("|---|---|---|---|---|---|---|---|")
+    if args.report:  # runs made by earlier invocations (seeds split across sittings)
+        for arm in args.arms:
+            for run_dir in sorted(out.glob(f"{arm}-seed*")):
+                # finished: its rows reach the budget (one running now is left out)
+                if (run_dir / "metrics" / "run.csv").exists() and \
+                        final_row(run_dir)["time_s"] >= seconds - 15:
+                    runs[arm].append(run_dir)
+                    print(row(arm, int(run_dir.name.rsplit("seed", 1)[1]), run_dir))
+        summary(runs, args.minutes)
+        return
     for seed in args.seeds:
         for arm in args.arms:
             run_dir = out / f"{arm}-seed{seed}"
@@ -146,33 +188,16 @@ def main() -> None:
                     parser.error("the sb3 arm needs --sb3-python")
                 cmd = [args.sb3_python, __file__, "--sb3-child", str(seed), str(run_dir),
                        "--minutes", str(args.minutes), "--env", args.env]
-                batch, cpu = 256, "(one process)"
             else:
                 cmd = [sys.executable, "-m", "zmqrl.cli", "up",
                        str(REPO / "topologies" / f"{arm}.yaml"), "--run-dir", str(run_dir),
                        "--max-seconds", str(seconds), "--set", f"seed={seed}",
                        "--set", f"env.id={args.env}"]
-                batch = 256
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
-            if arm != "sb3":
-                cpu = node_cpu(run_dir)
             runs[arm].append(run_dir)
-            end = final_row(run_dir)
-            ratio = end["updates"] * batch / max(end["env_steps"], 1)
-            print(f"| {arm} | {seed} | {end['return_mean_20']:.0f} | {end['env_steps']:,.0f} | "
-                  f"{end['env_steps'] / end['time_s']:.0f} | {end['updates'] / end['time_s']:.0f} "
-                  f"| {ratio:.1f} | {cpu} |", flush=True)
-    medians = {arm: statistics.median(final_row(d)["return_mean_20"] for d in dirs)
-               for arm, dirs in runs.items()}
-    for arm, value in medians.items():
-        print(f"{arm}: median return(20) at {args.minutes:g} min: {value:.0f}")
-    if "sb3" in medians:
-        for arm in ZMQRL_TOPOLOGIES:
-            if arm in runs:
-                reached = [first_reaching(d, medians["sb3"]) for d in runs[arm]]
-                shown = ", ".join("never" if r is None else f"{r:.0f} s" for r in reached)
-                print(f"{arm}: first reached SB3's median {medians['sb3']:.0f} at {shown}")
+            print(row(arm, seed, run_dir), flush=True)
+    summary(runs, args.minutes)
 
 
 if __name__ == "__main__":
