@@ -8,6 +8,7 @@ takes its ports from :func:`free_base_port`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 import zmq
+from machine_share import hold as machine_share_lock
 
 from zmqrl.bus import sockets, wire
 
@@ -31,6 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "minutes(n): a module whose tests take about n minutes together on a "
         "loaded 2-core machine; the longest modules are handed to workers first")
+    config.addinivalue_line(
+        "markers", "exclusive: a learning run held to a wall-clock bound: it runs with no "
+        "other test beside it on any worker (tests/machine_share.py)")
 
 
 def _module_minutes(item: pytest.Item) -> float:
@@ -55,6 +60,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA device (none visible to torch)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def machine(tmp_path_factory: pytest.TempPathFactory,
+            exclusive: bool = False) -> contextlib.AbstractContextManager[None]:
+    """The machine, alone or shared, for the ``with`` body (tests/machine_share.py);
+    nothing to wait for when one process runs all the tests. A module-scoped fixture
+    that runs processes while it sets up (not inside any test) holds it shared for that
+    (a fixture's processes that then idle between its tests need not)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return contextlib.nullcontext()
+    # the workers' base temp dirs share this parent, one per run (pytest-xdist's way
+    # of sharing a file between its workers)
+    return machine_share_lock(tmp_path_factory.getbasetemp().parent / "machine", exclusive)
+
+
+@pytest.fixture(autouse=True)
+def machine_share(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """An ``exclusive`` test has the machine to itself; any other shares it. Autouse, so
+    it is set up before the test's other fixtures and torn down after them: the
+    processes they start are stopped before the machine is let go."""
+    with machine(tmp_path_factory, request.node.get_closest_marker("exclusive") is not None):
+        yield
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str,

@@ -51,7 +51,7 @@ from zmqrl.bus.node import NodeContext
 from zmqrl.run.topology import from_dict, load, load_class
 
 import fuzzing
-from conftest import Processes, read_csv, stop_all, wait_for
+from conftest import Processes, machine, read_csv, stop_all, wait_for
 
 LIMIT = fuzzing.LIMIT
 PONG_DEADLINE_S = 15.0  # a node that takes longer to answer a ping after a batch hangs
@@ -161,9 +161,10 @@ def targets(tmp_path_factory) -> Any:
     found: dict = {}
     subs: list = []
     try:
-        found, subs = _start(tmp_path_factory.mktemp("fuzz"), procs)
-        for target in found.values():  # every node up: the first pong may take a while
-            assert_pong(target, timeout=90.0)
+        with machine(tmp_path_factory):  # no exclusive test beside its start
+            found, subs = _start(tmp_path_factory.mktemp("fuzz"), procs)
+            for target in found.values():  # every node up: the first pong may take a while
+                assert_pong(target, timeout=90.0)
         yield found, subs
     finally:
         for target in found.values():

@@ -25,7 +25,7 @@ from zmqrl.cli import main
 from zmqrl.run.progress import Progress, _done_text
 from zmqrl.run.runmetrics import StopConditions
 
-from conftest import REPO, Processes, read_csv, stop_process, wait_for, write_topology
+from conftest import REPO, Processes, machine, read_csv, stop_process, wait_for, write_topology
 
 LABELS = ("learner", "broker", "actor.0", "actor.1")
 SOCKETS = {"learner": ("experience", "params"), "broker": ("policy", "experience", "params"),
@@ -74,22 +74,23 @@ def runs(tmp_path_factory) -> Runs:
     procs = Processes()
     dirs = []
     try:
-        for seed, env in ((1, {}), (2, {tb.ENV_SWITCH: "0"})):
-            topo = write_topology(tmp, "a2c.yaml", seed=seed,
-                                  nodes={"actor": {"args": {"envs": 8}}})
-            run_dir = tmp / f"run-{seed}"
-            procs.start([sys.executable, "-m", "zmqrl.cli", "up", str(topo), "--run-dir",
-                         str(run_dir), "--max-seconds", "150"], log=tmp / f"up-{seed}.log",
-                        env=env)
-            dirs.append(run_dir)
-        for run_dir in dirs:
-            wait_for(lambda d=run_dir: _ready(d), 120, f"{run_dir.name} to report everything")
-        live = _status(dirs[0])
-        for proc in procs.procs:  # Ctrl-C's way: the supervisor stops every node cleanly
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc, seed in zip(procs.procs, (1, 2), strict=True):
-            assert proc.wait(timeout=60) == 0, (tmp / f"up-{seed}.log").read_text()[-3000:]
-        return Runs(dirs[0], dirs[1], live, _status(dirs[0]))
+        with machine(tmp_path_factory):  # no exclusive test beside these runs
+            for seed, env in ((1, {}), (2, {tb.ENV_SWITCH: "0"})):
+                topo = write_topology(tmp, "a2c.yaml", seed=seed,
+                                      nodes={"actor": {"args": {"envs": 8}}})
+                run_dir = tmp / f"run-{seed}"
+                procs.start([sys.executable, "-m", "zmqrl.cli", "up", str(topo), "--run-dir",
+                             str(run_dir), "--max-seconds", "150"], log=tmp / f"up-{seed}.log",
+                            env=env)
+                dirs.append(run_dir)
+            for run_dir in dirs:
+                wait_for(lambda d=run_dir: _ready(d), 120, f"{run_dir.name} to report everything")
+            live = _status(dirs[0])
+            for proc in procs.procs:  # Ctrl-C's way: the supervisor stops every node cleanly
+                os.killpg(proc.pid, signal.SIGTERM)
+            for proc, seed in zip(procs.procs, (1, 2), strict=True):
+                assert proc.wait(timeout=60) == 0, (tmp / f"up-{seed}.log").read_text()[-3000:]
+            return Runs(dirs[0], dirs[1], live, _status(dirs[0]))
     finally:
         for proc in procs.procs:
             stop_process(proc)

@@ -41,7 +41,16 @@ from zmqrl.bus.endpoints import Endpoints
 from zmqrl.run.engines import keys, placement
 from zmqrl.run.topology import TopologyError, from_dict
 
-from conftest import REPO, free_base_port, pid_of, read_csv, stop_all, wait_for, write_topology
+from conftest import (
+    REPO,
+    free_base_port,
+    machine,
+    pid_of,
+    read_csv,
+    stop_all,
+    wait_for,
+    write_topology,
+)
 
 pytestmark = pytest.mark.minutes(2)  # tests/conftest.py: long modules first
 
@@ -227,10 +236,11 @@ def ray_cluster(tmp_path_factory) -> Iterator[RayCluster]:
     try:
         # The second node only once the head has started: it looks up the head node's
         # record in the GCS, which comes after the GCS port listens.
-        _start_ray_node(head, logs / "head.log", procs)
-        other = [ray_bin, "start", "--address", f"{HEAD_IP}:{gcs}"] + \
-            common(1, OTHER_IP, {"actors": 4})
-        _start_ray_node(other, logs / "other.log", procs)
+        with machine(tmp_path_factory):  # no exclusive test beside its start
+            _start_ray_node(head, logs / "head.log", procs)
+            other = [ray_bin, "start", "--address", f"{HEAD_IP}:{gcs}"] + \
+                common(1, OTHER_IP, {"actors": 4})
+            _start_ray_node(other, logs / "other.log", procs)
         yield RayCluster(f"{HEAD_IP}:{gcs}", procs, temps)
     finally:
         # `ray start --block` stops its own processes on SIGTERM (both at once), and the
