@@ -79,8 +79,10 @@ def machine(tmp_path_factory: pytest.TempPathFactory,
 def machine_share(request: pytest.FixtureRequest,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """An ``exclusive`` test has the machine to itself; any other shares it. Autouse, so
-    it is set up before the test's other fixtures and torn down after them: the
-    processes they start are stopped before the machine is let go."""
+    it is set up before the test's other function-scoped fixtures and torn down after
+    them: the processes they start are stopped before the machine is let go. (The wait
+    counts in the test's pytest-timeout: at most the other worker's running test, then
+    one exclusive run.)"""
     with machine(tmp_path_factory, request.node.get_closest_marker("exclusive") is not None):
         yield
 

@@ -117,6 +117,7 @@ def test_under_xdist_an_exclusive_test_overlaps_no_other(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
          "-n", "2", "--dist", "load", "-c", os.devnull, "--rootdir", str(tmp_path),
+         "--basetemp", str(tmp_path / "inner-tmp"),  # not a numbered dir beside ours
          str(tmp_path / "test_inner.py")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
