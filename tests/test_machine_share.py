@@ -5,13 +5,16 @@ and shared tests that arrive while it waits queue behind it rather than starve i
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 from machine_share import hold
 
-from conftest import wait_for
+from conftest import REPO, wait_for
 
 
 def turnstile_taken(directory: Path) -> bool:
@@ -28,7 +31,6 @@ def turnstile_taken(directory: Path) -> bool:
 def test_an_exclusive_holder_waits_for_shared_ones_and_newcomers_wait_for_it(tmp_path):
     order: list[str] = []
     release_first = threading.Event()
-    exclusive_done = threading.Event()
 
     def shared(name: str, until: threading.Event | None = None) -> None:
         with hold(tmp_path, exclusive=False):
@@ -41,7 +43,6 @@ def test_an_exclusive_holder_waits_for_shared_ones_and_newcomers_wait_for_it(tmp
         with hold(tmp_path, exclusive=True):
             order.append("exclusive in")
             order.append("exclusive out")
-        exclusive_done.set()
 
     first = threading.Thread(target=shared, args=("first", release_first))
     first.start()
@@ -103,12 +104,6 @@ def test_under_xdist_an_exclusive_test_overlaps_no_other(tmp_path):
     """A real pytest-xdist session of 2 workers with tests/conftest.py as its plugin:
     the two exclusive tests overlap no other test, and the shared ones do overlap each
     other (the lock does not run everything one at a time)."""
-    import json
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
     spans = tmp_path / "spans.jsonl"
     env = {**os.environ, "SPANS": str(spans), "PYTHONPATH": str(REPO / "tests")}
