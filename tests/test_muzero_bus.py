@@ -24,17 +24,22 @@ def _last(run_dir, label: str, column: str) -> float:
     return float(values[-1]) if values else 0.0
 
 
-# 2-7 minutes (learning starts after ~2,000 updates): with it CI ran past its 20 minutes,
-# so it runs on request (ZMQRL_LONG_TESTS=1), as the InvertedPendulum runs do.
-@pytest.mark.skipif(not os.environ.get("ZMQRL_LONG_TESTS"),
-                    reason="a 2-7 minute learning run: set ZMQRL_LONG_TESTS=1")
+# A smaller model than the topology's (64 wide, a 32-wide latent): with the topology's
+# seed 1 it reached the bar in 45-58 s on two days; the 128-wide one took ~250 s to 100;
+# over seeds the two learn alike (BENCHMARKS.md). With the kills below the test takes
+# 1-2.5 minutes. Exclusive (tests/machine_share.py): its bound measures the agent, not
+# the tests beside it.
+SMALL_MODEL = ["--set", "model.hidden=64", "--set", "model.latent_size=32"]
+
+
+@pytest.mark.exclusive
 def test_muzero_learns_cartpole_through_a_broker_and_a_reanalyse_restart(processes,
                                                                           tmp_path):
     """The mean return of the last 20 episodes reaches 60, about three times random
-    play's (BENCHMARKS.md: 100-240 s on a quiet machine), although early in the run the
-    broker is killed (the actors' next queries name latents the new broker does not
-    hold: they search the move again from the roots) and then the reanalyse node (it
-    keeps nothing: restarted, it revises on, and the replay lost no item)."""
+    play's, although early in the run the broker is killed (the actors' next queries
+    name latents the new broker does not hold: they search the move again from the
+    roots) and then the reanalyse node (it keeps nothing: restarted, it revises on,
+    and the replay lost no item)."""
     raw = yaml.safe_load((REPO / "topologies" / "muzero.yaml").read_text())
     raw["algo"]["reanalyse"] = True
     raw["nodes"]["reanalyse"] = {"kind": "reanalyse", "args": {"batch_size": 8},
@@ -43,8 +48,8 @@ def test_muzero_learns_cartpole_through_a_broker_and_a_reanalyse_restart(process
     path = tmp_path / "muzero.yaml"
     path.write_text(yaml.safe_dump(raw))
     run_dir = tmp_path / "run"
-    proc = processes.zmqrl("up", str(path), "--run-dir", str(run_dir), "--max-seconds", "420",
-                           "--target-return", "60", "--target-window", "20",
+    proc = processes.zmqrl("up", str(path), "--run-dir", str(run_dir), "--max-seconds", "240",
+                           "--target-return", "60", "--target-window", "20", *SMALL_MODEL,
                            log=tmp_path / "up.log")
 
     def log() -> str:
@@ -65,7 +70,7 @@ def test_muzero_learns_cartpole_through_a_broker_and_a_reanalyse_restart(process
     wait_for(lambda: _last(run_dir, "replay", "revised") > revised + 16
              or proc.poll() is not None, 60, "revisions from the restarted reanalyse node")
     assert _last(run_dir, "replay", "size") >= size  # nothing lost
-    assert proc.wait(timeout=480) == 0, log()
+    assert proc.wait(timeout=300) == 0, log()
     text = (tmp_path / "up.log").read_text()
     assert "target return 60 reached" in text, text[-3000:]
     assert text.count("reanalyse: up (incarnation") >= 2  # a new incarnation revised
