@@ -1,5 +1,5 @@
 """The ``zmqrl`` command line: up, node, procfile, endpoints, validate, keys, bench, status,
-plot."""
+plot, play."""
 
 from __future__ import annotations
 
@@ -372,8 +372,12 @@ def status(run_dir: str | None, once: bool, interval: float) -> None:
 @click.option("--title", help="Default: the env ids and the metric.")
 @click.option("--size", default="1200x450", show_default=True, metavar="WxH",
               help="Size of the PNG in pixels.")
+@click.option("--learner-metric", "learner_metrics", multiple=True, metavar="COLUMN",
+              help="Add a row of panels for this learner column (e.g. entropy); repeatable.")
+@click.option("--frame-skip", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Count the step axis in frames: env steps x this (Atari: 4).")
 def plot(run_dirs: tuple[str, ...], output: str, metric: str, title: str | None,
-         size: str) -> None:
+         size: str, learner_metrics: tuple[str, ...], frame_skip: int) -> None:
     """Learning curves of RUN_DIRS into one PNG: return against env steps and against
     wall time. Runs of the same topology (seeds) are drawn as their mean with a band;
     different topologies are overlaid. Needs matplotlib (pip install -e '.[plot]')."""
@@ -386,13 +390,51 @@ def plot(run_dirs: tuple[str, ...], output: str, metric: str, title: str | None,
 
     try:
         out = plot_runs([Path(d) for d in run_dirs], Path(output), metric, title,
-                        (width, height))
+                        (width, height), learner_metrics=learner_metrics,
+                        frame_skip=frame_skip)
     except ImportError as exc:
         raise click.ClickException(f"{exc}; install it with pip install -e '.[plot]'") \
             from None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {out}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--episodes", "-n", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--greedy/--sample", default=False, show_default=True,
+              help="The policy's likeliest action (Q-learning: epsilon 0), or sample as "
+                   "it trained.")
+@click.option("--checkpoint", metavar="NAME",
+              help="A checkpoint in RUN_DIR/checkpoints (e.g. learner) or a path. Default: "
+                   "the run's learner checkpoint.")
+@click.option("--video", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Record the episodes to FILE (.mp4 or .gif; pip install 'zmqrl[video]').")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="The first episode's env seed (episode i: seed + i).")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Cut each episode here.")
+def play(run_dir: str, episodes: int, greedy: bool, checkpoint: str | None,
+         video: str | None, seed: int, max_steps: int | None) -> None:
+    """Load RUN_DIR's checkpoint into its model and play episodes of its env here, one
+    env, printing each return (and recording them with --video)."""
+    from zmqrl.run.play import PlayError, load_run
+    from zmqrl.run.play import play as play_run
+
+    def show(i: int, episode) -> None:
+        click.echo(f"episode {i + 1}: return {episode.ret:g} in {episode.length} steps")
+
+    try:
+        _, _, path = load_run(run_dir, checkpoint)
+        click.echo(f"playing {path} ({'greedy' if greedy else 'sampled'} actions)")
+        played = play_run(run_dir, episodes, greedy=greedy, checkpoint=checkpoint,
+                          video=video, seed=seed, max_steps=max_steps, on_episode=show)
+    except PlayError as exc:
+        raise click.ClickException(str(exc)) from None
+    returns = [e.ret for e in played]
+    click.echo(f"mean return {sum(returns) / len(returns):g} over {len(returns)} episodes")
+    if video is not None:
+        click.echo(f"wrote {video}")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,17 @@ class ActorCriticBehaviour(Behaviour):
                                           (inputs["h"], inputs["c"]))
         return {"action": action.cpu().numpy(), "logp": host(logp), "h": host(h), "c": host(c)}
 
+    def greedy(self) -> np.ndarray | None:
+        """The policy's mode: the likeliest action, or a Gaussian's mean. A recurrent
+        policy's greedy play would need its own state: None (it samples)."""
+        if self.state is not None:
+            return None
+        with torch.inference_mode():
+            head = self.model(self.setup.to_device.batch(self.inputs())["obs"])[0]
+        if self.spec.num_actions is not None:
+            return head.argmax(-1).cpu().numpy().astype(self.spec.action_dtype)
+        return host(head).astype(self.spec.action_dtype, copy=False)
+
     def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
         action = outputs["action"].astype(self.spec.action_dtype, copy=False)
         if self.state is None:

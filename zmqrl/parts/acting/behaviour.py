@@ -168,6 +168,12 @@ class Behaviour:
                  final_obs: np.ndarray) -> None:
         raise NotImplementedError
 
+    def greedy(self) -> np.ndarray | None:
+        """The greedy actions [n, *action_shape] for the current observations, recording
+        nothing (``zmqrl play --greedy``: the policy without its exploration); None: this
+        behaviour has no greedy mode. An ε-greedy one needs none: ε 0 is its greedy mode."""
+        return None
+
     def take(self) -> list[Item]:
         """The items completed since the last call (and forget them)."""
         ready, self._ready = self._ready, []
