@@ -231,6 +231,27 @@ def test_plot_groups_seeds_by_topology(runs):
     assert sorted(group([one, two])) == ["a2c-cartpole", "impala-cartpole"]
 
 
+def test_plot_adds_a_row_per_learner_metric_and_counts_frames(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    from zmqrl.run.plot import load_learner_curve
+
+    entropy = load_learner_curve(runs.with_tb, "entropy")
+    rows = read_csv(runs.with_tb / "metrics" / "learner.csv")
+    drawn = [r for r in rows if r.get("entropy") and r.get("env_steps")]
+    assert len(entropy.returns) == len(drawn) > 0
+    assert entropy.returns[-1] == pytest.approx(float(drawn[-1]["entropy"]))
+    assert entropy.name == "a2c-cartpole"
+    out = tmp_path / "two-rows.png"
+    result = CliRunner().invoke(main, ["plot", str(runs.with_tb), "-o", str(out), "--size",
+                                       "800x600", "--learner-metric", "entropy",
+                                       "--frame-skip", "4"])
+    assert result.exit_code == 0, result.output
+    assert _png_size(out) == (800, 600)
+    result = CliRunner().invoke(main, ["plot", str(runs.with_tb), "-o", str(out),
+                                       "--learner-metric", "no_such_column"])
+    assert result.exit_code != 0 and "no learner column 'no_such_column'" in result.output
+
+
 def test_plot_says_what_is_missing(tmp_path):
     result = CliRunner().invoke(main, ["plot", str(tmp_path), "-o", str(tmp_path / "x.png")])
     assert result.exit_code != 0 and "no return_mean_100 to plot" in result.output

@@ -101,26 +101,75 @@ def group(curves: list[Curve]) -> dict[str, list[Curve]]:
     return dict(out)
 
 
+def load_learner_curve(run_dir: Path, column: str) -> Curve:
+    """A learner metric of one run (``entropy``, ``loss_value``, ...) against its env steps
+    and wall time, from its first learner's CSV; raises ``ValueError`` when it has none."""
+    run_dir = Path(run_dir)
+    base = load_curve(run_dir) if (run_dir / "metrics").is_dir() else None
+    sources = sorted((run_dir / "metrics").glob("learner*.csv"))[:1]
+    rows = _rows(sources[0]) if sources else []
+    points = [(_num(r.get("env_steps")), _num(r.get("time_s")), _num(r.get(column)))
+              for r in rows]
+    points = [p for p in points if not any(map(math.isnan, p))]
+    if not points:
+        raise ValueError(f"{run_dir}: no learner column '{column}' to plot")
+    steps, seconds, values = (np.array(c, dtype=float) for c in zip(*points, strict=True))
+    name, env = (base.name, base.env) if base is not None else (run_dir.name, "")
+    return Curve(run_dir, name, env, steps, seconds, values)
+
+
 def plot_runs(run_dirs: list[Path], out: Path, metric: str = "return_mean_100",
               title: str | None = None, size_px: tuple[int, int] = (1200, 450),
-              dpi: int = 100) -> Path:
-    """Draw the runs in ``run_dirs`` into the PNG ``out`` (``size_px`` pixels)."""
+              dpi: int = 100, learner_metrics: tuple[str, ...] = (),
+              frame_skip: int = 1) -> Path:
+    """Draw the runs in ``run_dirs`` into the PNG ``out`` (``size_px`` pixels): a row of
+    return panels, then a row per learner metric in ``learner_metrics``. With
+    ``frame_skip`` K > 1 the step axis counts frames (env steps x K), as Atari papers do."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
     curves = [load_curve(Path(d), metric) for d in run_dirs]
-    groups = group(curves)
-    fig, axes = plt.subplots(1, 2, figsize=(size_px[0] / dpi, size_px[1] / dpi), dpi=dpi,
-                             layout="constrained")
+    rows = [(METRICS.get(metric, metric), curves)]
+    rows += [(column, [load_learner_curve(Path(d), column) for d in run_dirs])
+             for column in learner_metrics]
+    fig, grid = plt.subplots(len(rows), 2, figsize=(size_px[0] / dpi, size_px[1] / dpi),
+                             dpi=dpi, layout="constrained", squeeze=False)
     use_minutes = max(c.seconds[-1] for c in curves) > 600
+    groups = group(curves)
     sizes = {len(members) for members in groups.values()}
     same = len(sizes) == 1  # every topology has as many runs: say it once, in the legend
+    for axes, (ylabel, row_curves) in zip(grid, rows, strict=True):
+        _draw_row(axes, group(row_curves), same, use_minutes, frame_skip)
+        for ax in axes:
+            ax.set_ylabel(ylabel)
+    step_label = "env steps" if frame_skip == 1 else f"frames (env steps x {frame_skip})"
+    grid[-1][0].set_xlabel(step_label)
+    grid[-1][1].set_xlabel("wall time (min)" if use_minutes else "wall time (s)")
+    # Below the panels, not over the curves.
+    n = max(sizes)
+    fig.legend(*grid[0][0].get_legend_handles_labels(), loc="outside lower center",
+               ncols=min(len(groups), 6), fontsize="small", frameon=False,
+               title=(f"mean of {n} runs each, band ± 1 std" if same and n > 1 else
+                      "band ± 1 std" if n > 1 else None), title_fontsize="small")
+    envs = sorted({c.env for c in curves if c.env})
+    shown = ", ".join([METRICS.get(metric, metric), *learner_metrics])
+    fig.suptitle(title or f"{', '.join(envs) or 'learning curves'}: {shown}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
+def _draw_row(axes: Any, groups: dict[str, list[Curve]], same: bool, use_minutes: bool,
+              frame_skip: int) -> None:
+    """One metric's two panels: against env steps (or frames) and against wall time."""
     for i, (label, members) in enumerate(sorted(groups.items())):
         colour = f"C{i % 10}"
         for ax, axis in zip(axes, ("steps", "seconds"), strict=True):
-            scale = 60.0 if axis == "seconds" and use_minutes else 1.0
+            scale = (60.0 if use_minutes else 1.0) if axis == "seconds" else 1 / frame_skip
             if len(members) == 1:
                 c = members[0]
                 ax.plot(getattr(c, axis) / scale, c.returns, color=colour, linewidth=1.5,
@@ -131,24 +180,7 @@ def plot_runs(run_dirs: list[Path], out: Path, metric: str = "return_mean_100",
                     label=label if same else f"{label} (mean of {len(members)})")
             ax.fill_between(grid / scale, mean - std, mean + std, color=colour, alpha=0.2,
                             linewidth=0)
-    axes[0].set_xlabel("env steps")
-    axes[1].set_xlabel("wall time (min)" if use_minutes else "wall time (s)")
     for ax in axes:
-        ax.set_ylabel(METRICS.get(metric, metric))
         ax.grid(alpha=0.3)
         ax.set_xlim(left=0)  # from the start: a slow start-up is part of the picture
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4), useMathText=True)
-    # Below the panels, not over the curves.
-    n = max(sizes)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
-               ncols=min(len(groups), 6), fontsize="small", frameon=False,
-               title=(f"mean of {n} runs each, band ± 1 std" if same and n > 1 else
-                      "band ± 1 std" if n > 1 else None), title_fontsize="small")
-    envs = sorted({c.env for c in curves if c.env})
-    fig.suptitle(title or f"{', '.join(envs) or 'learning curves'}: "
-                 f"{METRICS.get(metric, metric)}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi)
-    plt.close(fig)
-    return out
