@@ -117,6 +117,10 @@ class Learner(Node):
     @dataclass
     class Args:
         device: str = "auto"
+        # torch's intra-op threads for the update. One process, one core is the rule; a
+        # learner that is the run's bottleneck while the other nodes leave part of a core
+        # idle may take more (BENCHMARKS.md, "Pong on two cores", measures it).
+        threads: int = 1
         publish_every: int = 1  # updates between parameter broadcasts
         # updates between checkpoints (0: only at exit); a crash loses at most this many
         checkpoint_every: int = 200
@@ -174,8 +178,9 @@ class Learner(Node):
         if data_parallel and isinstance(batch, int) and batch % spec.replicas:
             return [(("algo", "batch_size"), f"{batch} does not split evenly over "
                                              f"{spec.replicas} learner replicas")]
-        if spec.args.get("max_pending_grads", 1) < 1:
-            return [(("nodes", spec.name, "args", "max_pending_grads"), "must be >= 1")]
+        for name in ("max_pending_grads", "threads"):
+            if spec.args.get(name, 1) < 1:
+                return [(("nodes", spec.name, "args", name), "must be >= 1")]
         widest = spec.args.get("max_unroll_envs", cls.Args.max_unroll_envs)
         if parts.unrolls and isinstance(widest, int):
             for producer, envs in _unroll_producers(spec.name, topo):
@@ -200,7 +205,7 @@ class Learner(Node):
         from zmqrl.parts.learning import checks
         from zmqrl.parts.models import build_model
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(self.args.threads)
         topo = self.ctx.topo
         self.cfg = topo.algo_config
         self.kind, self.parts = self.cfg.kind, topo.parts_config
