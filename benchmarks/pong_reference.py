@@ -20,8 +20,14 @@ learning here either points at the algorithm's configuration.
     python benchmarks/pong_reference.py --algo vtrace --topology topologies/seed_atari.yaml
 
 Prints a progress line every ~10 s and writes ``progress.csv`` (env steps, frames,
-return(100), entropy, ...) under ``--out``. Torch uses ``--threads`` threads (a single
-process: it may use every core).
+return(100), entropy, ...) under ``--out``, and the same rows as a run directory's
+``metrics/run.csv`` and ``metrics/learner.csv`` (with a ``topology.yaml`` naming it), so
+``zmqrl plot`` draws the reference beside a topology's runs and
+``benchmarks/pong_compare.py`` compares their times to a return. Torch uses ``--threads``
+threads (a single process: it may use every core).
+
+    python benchmarks/pong_reference.py --steps 10000000 --target-return -15 \
+        --out runs/pong-reference
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ def main() -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="topology override (--algo vtrace)")
     p.add_argument("--out", type=Path, default=Path("runs/pong-reference"))
+    p.add_argument("--target-return", type=float, default=None,
+                   help="stop once return(100) reaches this (the lr schedule still spans --steps)")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop after this wall time")
     a = p.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -74,10 +83,7 @@ def main() -> None:
     envs = make_vector_env(env_cfg, a.envs, seed=a.seed)
     # CleanRL's optimizer (--algo ppo); the topology's learner brings its own
     opt = torch.optim.Adam(model.parameters(), lr=a.lr, eps=1e-5) if learner is None else None
-    a.out.mkdir(parents=True, exist_ok=True)
-    log = csv.writer((a.out / "progress.csv").open("w", newline=""))
-    log.writerow(["seconds", "env_steps", "frames", "updates", "episodes", "return_100",
-                  "entropy", "value_loss", "approx_kl"])
+    log = RunLog(a.out, a.env, f"pong-reference-{a.algo}")
 
     T, N = a.rollout, a.envs
     obs_buf = torch.zeros((T, N, *envs.single_observation_space.shape), dtype=torch.uint8)
@@ -118,6 +124,8 @@ def main() -> None:
             updates += 1
             report(a, log, start, steps, updates, episodes, returns, terms["entropy"],
                    terms["loss_baseline"], 0.0, update == n_updates - 1)
+            if finished(a, start, returns):
+                break
             continue
         with torch.no_grad():
             next_value = model(obs)[1]
@@ -154,7 +162,20 @@ def main() -> None:
         updates += 1
         report(a, log, start, steps, updates, episodes, returns, float(entropy.mean()),
                float(v_loss), kl, update == n_updates - 1)
+        if finished(a, start, returns):
+            break
     envs.close()
+
+
+def finished(a: argparse.Namespace, start: float, returns) -> bool:
+    """--target-return reached over 100 episodes, or --max-seconds spent."""
+    if a.max_seconds is not None and time.monotonic() - start >= a.max_seconds:
+        print(f"stopped: {a.max_seconds:.0f} s spent", flush=True)
+        return True
+    if a.target_return is not None and len(returns) == 100 and np.mean(returns) >= a.target_return:
+        print(f"stopped: return(100) {np.mean(returns):.2f} >= {a.target_return}", flush=True)
+        return True
+    return False
 
 
 def topology_learner(a: argparse.Namespace, model: torch.nn.Module):
@@ -168,13 +189,41 @@ def topology_learner(a: argparse.Namespace, model: torch.nn.Module):
     return load_path(type(cfg).learner)(cfg, model)
 
 
-def report(a, log, start: float, steps: int, updates: int, episodes: int, returns,
+class RunLog:
+    """``progress.csv``, and the same rows in a run directory's layout: ``metrics/run.csv``
+    (the return ``zmqrl plot`` draws), ``metrics/learner.csv`` (entropy, losses) and a
+    ``topology.yaml`` that names the curve."""
+
+    def __init__(self, out: Path, env_id: str, name: str):
+        (out / "metrics").mkdir(parents=True, exist_ok=True)
+        (out / "topology.yaml").write_text(f"name: {name}\nenv: {{id: {env_id}}}\n")
+        self.files = [open(out / f, "w", newline="")  # noqa: SIM115 (open for the run)
+                      for f in ("progress.csv", "metrics/run.csv", "metrics/learner.csv")]
+        self.progress, self.run, self.learner = (csv.writer(f) for f in self.files)
+        self.progress.writerow(["seconds", "env_steps", "frames", "updates", "episodes",
+                                "return_100", "entropy", "value_loss", "approx_kl"])
+        self.run.writerow(["time_s", "env_steps", "episodes", "return_mean_100", "updates"])
+        self.learner.writerow(["time_s", "env_steps", "updates", "return_mean_100", "entropy",
+                               "loss_value", "approx_kl"])
+
+    def row(self, seconds: float, steps: int, updates: int, episodes: int, r100: float,
+            entropy: float, value_loss: float, kl: float) -> None:
+        r100 = round(r100, 2)
+        self.progress.writerow([seconds, steps, steps * FRAME_SKIP, updates, episodes, r100,
+                                round(entropy, 4), round(value_loss, 5), round(kl, 5)])
+        self.run.writerow([seconds, steps, episodes, "" if np.isnan(r100) else r100, updates])
+        self.learner.writerow([seconds, steps, updates, "" if np.isnan(r100) else r100,
+                               round(entropy, 4), round(value_loss, 5), round(kl, 5)])
+        for f in self.files:
+            f.flush()
+
+
+def report(a, log: RunLog, start: float, steps: int, updates: int, episodes: int, returns,
            entropy: float, value_loss: float, kl: float, last: bool) -> None:
     """One CSV row per update; a progress line every ~10 s."""
     now = time.monotonic()
     r100 = float(np.mean(returns)) if returns else float("nan")
-    log.writerow([round(now - start, 1), steps, steps * FRAME_SKIP, updates, episodes,
-                  round(r100, 2), round(entropy, 4), round(value_loss, 5), round(kl, 5)])
+    log.row(round(now - start, 1), steps, updates, episodes, r100, entropy, value_loss, kl)
     if now - report.printed_at >= 10 or last:
         report.printed_at = now
         print(f"{now - start:7.0f} s  {steps:>9,} steps ({steps * FRAME_SKIP / 1e6:.2f}M frames)"
