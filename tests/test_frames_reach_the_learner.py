@@ -31,7 +31,7 @@ ENVS = 4
 
 def test_pong_unrolls_replay_exactly_from_the_actors_seed(processes, tmp_path):
     topo_path = write_topology(tmp_path, "seed_atari.yaml", nodes={
-        "actor": {"replicas": 1, "args": {"envs": ENVS}},
+        "actor": {"replicas": 1, "args": {"envs": ENVS, "lanes": 1}},  # one connection
         "broker": {"args": {"device": "cpu"}}})
     topo, run_dir = load(topo_path), tmp_path / "run"
     experience = zmq.Context.instance().socket(zmq.ROUTER)
