@@ -241,6 +241,7 @@ def test_plot_adds_a_row_per_learner_metric_and_counts_frames(runs, tmp_path):
     assert len(entropy.returns) == len(drawn) > 0
     assert entropy.returns[-1] == pytest.approx(float(drawn[-1]["entropy"]))
     assert entropy.name == "a2c-cartpole"
+    assert (entropy.seconds == sorted(entropy.seconds)).all()  # on the run's clock
     out = tmp_path / "two-rows.png"
     result = CliRunner().invoke(main, ["plot", str(runs.with_tb), "-o", str(out), "--size",
                                        "800x600", "--learner-metric", "entropy",

@@ -103,9 +103,13 @@ def group(curves: list[Curve]) -> dict[str, list[Curve]]:
 
 def load_learner_curve(run_dir: Path, column: str) -> Curve:
     """A learner metric of one run (``entropy``, ``loss_value``, ...) against its env steps
-    and wall time, from its first learner's CSV; raises ``ValueError`` when it has none."""
+    and the run's wall time, from its first learner's CSV; raises ``ValueError`` when it
+    has none."""
     run_dir = Path(run_dir)
-    base = load_curve(run_dir) if (run_dir / "metrics").is_dir() else None
+    try:
+        base: Curve | None = load_curve(run_dir)
+    except ValueError:  # no return to place it by: the learner's own clock
+        base = None
     sources = sorted((run_dir / "metrics").glob("learner*.csv"))[:1]
     rows = _rows(sources[0]) if sources else []
     points = [(_num(r.get("env_steps")), _num(r.get("time_s")), _num(r.get(column)))
@@ -115,6 +119,10 @@ def load_learner_curve(run_dir: Path, column: str) -> Curve:
         raise ValueError(f"{run_dir}: no learner column '{column}' to plot")
     steps, seconds, values = (np.array(c, dtype=float) for c in zip(*points, strict=True))
     name, env = (base.name, base.env) if base is not None else (run_dir.name, "")
+    if base is not None and len(base.steps) > 1:
+        # On the run's clock, by env steps: a learner's own clock starts again at 0 in
+        # each incarnation (a restart, a --resume), the run's goes on.
+        seconds = np.interp(steps, base.steps, base.seconds)
     return Curve(run_dir, name, env, steps, seconds, values)
 
 
