@@ -425,10 +425,11 @@ def play(run_dir: str, episodes: int, greedy: bool, checkpoint: str | None,
         click.echo(f"episode {i + 1}: return {episode.ret:g} in {episode.length} steps")
 
     try:
-        _, _, path = load_run(run_dir, checkpoint)
-        click.echo(f"playing {path} ({'greedy' if greedy else 'sampled'} actions)")
+        loaded = load_run(run_dir, checkpoint)
+        click.echo(f"playing {loaded[2]} ({'greedy' if greedy else 'sampled'} actions)")
         played = play_run(run_dir, episodes, greedy=greedy, checkpoint=checkpoint,
-                          video=video, seed=seed, max_steps=max_steps, on_episode=show)
+                          video=video, seed=seed, max_steps=max_steps, on_episode=show,
+                          loaded=loaded)
     except PlayError as exc:
         raise click.ClickException(str(exc)) from None
     returns = [e.ret for e in played]

@@ -132,12 +132,14 @@ def load_run(run_dir: str | Path, checkpoint: str | None = None) -> tuple[Any, A
 def play(run_dir: str | Path, episodes: int = 3, *, greedy: bool = False,
          checkpoint: str | None = None, video: str | Path | None = None, seed: int = 0,
          max_steps: int | None = None,
-         on_episode: Callable[[int, Episode], None] | None = None) -> list[Episode]:
-    """Play ``episodes`` episodes; returns each one's return and length."""
+         on_episode: Callable[[int, Episode], None] | None = None,
+         loaded: tuple[Any, Any, Path] | None = None) -> list[Episode]:
+    """Play ``episodes`` episodes; returns each one's return and length. ``loaded``: what
+    :func:`load_run` returned for this run and checkpoint, when the caller has it."""
     import torch
 
     torch.set_num_threads(1)
-    topo, model, _ = load_run(run_dir, checkpoint)
+    topo, model, _ = loaded if loaded is not None else load_run(run_dir, checkpoint)
     env, spec = _make_env(topo, video is not None)
     writer = _video_writer(video, env) if video is not None else None
     try:
@@ -186,8 +188,9 @@ def _render_modes(env_id: str, kwargs: dict[str, Any]) -> list[str]:
 
 
 def _policy(topo: Any, model: Any, spec: Any, greedy: bool, seed: int
-            ) -> Callable[[Any, np.ndarray, float, bool, bool], np.ndarray]:
-    """A function (behaviour, obs, last reward, done, truncated) -> actions [1, ...]."""
+            ) -> Callable[[np.ndarray, float, bool, bool, bool], np.ndarray]:
+    """A function (obs [1, ...], last reward, done, truncated, first step of the episode)
+    -> actions [1, ...]."""
     from zmqrl.parts.acting import ActingSetup, act_batched, behaviour_for
 
     if topo.acting is not None:
