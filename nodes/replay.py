@@ -60,6 +60,7 @@ from zmqrl.parts import algo_config, bounds
 from zmqrl.parts.checkpoint import NPZ, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
 from zmqrl.parts.replay import RateLimiter, ReplayTable
+from zmqrl.parts.replay.table import NORMALIZATIONS
 from zmqrl.parts.replay.waiting import Request, WaitingSamples
 from zmqrl.run.topology import NodeSpec, Topology, load_class
 
@@ -84,6 +85,9 @@ class Replay(Node):
         beta: float = 0.4
         beta_final: float = 1.0
         beta_steps: int = 100_000
+        # prioritized: importance weights relative to the largest any held item could
+        # get (table) or to the largest in the batch (batch); zmqrl.parts.replay.table
+        weights: str = "table"
         min_size: int = 1000  # items before the first sample
         samples_per_insert: float | None = None  # None: no ratio, only min_size
         error_buffer: float | None = None
@@ -112,6 +116,9 @@ class Replay(Node):
         if args.sampler not in SAMPLERS:
             errors.append(((*where, "sampler"), f"'{args.sampler}' is not one of "
                                                 f"{', '.join(SAMPLERS)}"))
+        if args.weights not in NORMALIZATIONS:
+            errors.append(((*where, "weights"), f"'{args.weights}' is not one of "
+                                                f"{', '.join(NORMALIZATIONS)}"))
         if args.capacity < 1:
             errors.append(((*where, "capacity"), "must be >= 1"))
         try:
@@ -152,7 +159,8 @@ class Replay(Node):
         a = self.args
         topo = self.ctx.topo
         self.table = ReplayTable(a.capacity, a.sampler, a.alpha, a.beta, a.beta_final,
-                                 a.beta_steps, seed=topo.seed)
+                                 a.beta_steps, seed=topo.seed,
+                                 normalize=a.weights)  # type: ignore[arg-type]
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
         # What producers must insert: the item kind of the algorithm's family (n-step
         # transitions, R2D2's sequences, AlphaZero's positions); the declarations are

@@ -42,7 +42,7 @@ def test_targets_by_hand_while_the_episode_goes_on():
     np.testing.assert_array_equal(item["reward"][0], [1.0, 2.0])
     np.testing.assert_array_equal(item["policy"][0], np.eye(A)[[0, 1, 0]])
     assert item["mask"].all()
-    np.testing.assert_allclose(item["priority"], [abs(10 - z[0])])
+    np.testing.assert_allclose(item["priority"], [abs(10 - z[0]) + 1e-3])
     np.testing.assert_array_equal(item["obs"][0], np.zeros(4))
 
 
@@ -70,6 +70,39 @@ def test_targets_at_a_terminal_end_and_a_time_limit():
     # already) bootstraps: z_1 = r_1 + 0.5 ν_2 = 3, z_2 = ν_2 = 4; past the end, ν_2
     np.testing.assert_allclose(item["value"][:, 0], [2.5, 3.0, 4.0])
     np.testing.assert_allclose(item["value"][2], [4.0, 4.0, 4.0])
+
+
+def test_no_position_gets_priority_zero():
+    """A time-limit-cut episode's last position has z = ν (it bootstraps from its own
+    value): its priority is priority_eps, not 0. One 0 held by a prioritized replay
+    scaled every importance weight down (they were relative to the smallest priority
+    held): α 0.6, β 0.4 took a batch's mean weight to ~0.03. With the ε it stays
+    near what the spread of priorities gives, and MuZero's α = β = 1 keeps weights
+    that train with ``weights: batch`` (relative to the batch's largest)."""
+    from zmqrl.parts.replay import ReplayTable
+
+    targets = Targets(1, A, unroll_steps=2, td_steps=2, discount=0.5, priority_eps=1e-3)
+    _add(targets, [1.0] * 6, [2.0, 1.0, 3.0, 0.5, 2.5, 1.5])
+    targets.end(0, truncated=True)
+    item = targets.take()
+    assert item["priority"][-1] == pytest.approx(1e-3)  # |ν - z| = 0 there
+    assert item["priority"].min() >= 1e-3
+    rng = np.random.default_rng(0)
+    typical = rng.uniform(0.1, 2.0, 32)  # priorities of a typical spread
+
+    def mean_weight(alpha: float, beta: float, normalize: str) -> float:
+        table = ReplayTable(64, "prioritized", alpha=alpha, beta=beta, beta_final=beta,
+                            beta_steps=0,
+                            normalize=normalize)
+        table.insert({"x": np.zeros((32, 1), np.float32)}, typical)
+        table.insert({"x": np.zeros((len(item["priority"]), 1), np.float32)},
+                     item["priority"])
+        return float(table.sample(256).weights.mean())
+
+    assert mean_weight(0.6, 0.4, "table") > 0.15  # 0.03 with a priority of 0
+    assert mean_weight(1.0, 1.0, "batch") > 0.05  # ~1e-7 with 0 and table weights
+    with pytest.raises(ValueError, match="priority_eps"):
+        Targets(1, A, unroll_steps=2, td_steps=2, discount=0.5, priority_eps=0.0)
 
 
 @pytest.mark.parametrize("end", ["running", "terminal", "time limit"])

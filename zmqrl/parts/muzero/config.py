@@ -61,8 +61,10 @@ class MuZeroConfig(AlgoConfig):
     # Weight of the value cross-entropy (the paper's 0.25 for reanalysed Atari).
     value_cost: float = ranged(0.25, ge=0)
     max_grad_norm: float = ranged(5.0, gt=0)  # global gradient-norm clip of each step
-    # New priorities: |v - z| of the first step (predicted value vs its target) plus this.
-    priority_eps: float = ranged(1e-3, ge=0)
+    # Priorities: |v - z| of the first step (the actor's search value, then the
+    # learner's predicted value, vs its target) plus this. Never 0: a prioritized
+    # replay's importance weights are scaled by the smallest priority it holds.
+    priority_eps: float = ranged(1e-3, gt=0)
 
     def items_per_env_step(self) -> int:
         # One position per env step. (An episode's end completes the targets of the

@@ -19,7 +19,9 @@ The loss of an item is, with CE the cross-entropy to the two-hot categorical of 
     sum_{k=0..K} c_k [ mask_k CE(pi_k, p_k) + value_cost CE(z_k, v_k)
                        + (k >= 1) mask_{k-1} CE(u_k, r_k) ],   c_0 = 1, c_k = 1/K,
 
-the latent's gradient halved at each step of the dynamics (``scale_gradient``). The value
+the latent's gradient halved at the start of each dynamics step after the first
+(``scale_gradient``, after the previous step's predictions, as the paper's pseudocode
+places it). The value
 is not masked: past the end the state is absorbing, with value target 0. The batch's loss
 is the importance-weighted mean over items plus ``weight_decay`` times the sum of squared
 weights (biases excluded: an explicit L2 penalty, as the paper's, not Adam's decoupled
@@ -80,13 +82,15 @@ def muzero_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], value_co
         reward_ce = []
         for k in range(1, steps + 1):
             latent, reward_logits = model.dynamics(latent, action[:, k - 1])
-            # MuZero halves the gradient into the dynamics at every step, so the
-            # dynamics' share of the gradient stays bounded however far it unrolls
-            latent = scale_gradient(latent, 0.5)
             policy_logits, value_logits = model.predict(latent)
             value_ce.append(_cross_entropy(value_logits, value_target[:, k]))
             policy_ce.append(_cross_entropy(policy_logits, policy_target[:, k]))
             reward_ce.append(_cross_entropy(reward_logits, reward_target[:, k - 1]))
+            # MuZero halves the gradient at the start of each next dynamics step, after
+            # this step's predictions (the paper's pseudocode, update_weights): step k's
+            # losses reach the representation with 0.5^(k-1), so the dynamics' share of
+            # the gradient stays bounded however far it unrolls
+            latent = scale_gradient(latent, 0.5)
     values = torch.stack(value_ce, 1)  # [B, K+1]
     policies = torch.stack(policy_ce, 1) * policy_mask  # [B, K+1]
     rewards = torch.stack(reward_ce, 1) * reward_mask  # [B, K]

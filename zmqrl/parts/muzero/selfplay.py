@@ -24,7 +24,9 @@ of the unroll and of each value target's bootstrap, the reward sums and discount
 An episode cut by a time limit bootstraps from the value of its last searched
 position (the final observation is never searched; that value counts the last reward
 already), and past its end the value target is that value, not the 0 of a terminal
-state. Its priority is |ν_t - z_t|.
+state. Its priority is |ν_t - z_t| + ``priority_eps``: never 0 (a time-limit-cut
+episode's last position has z_t = ν_t, and one zero priority held by a prioritized
+replay would set the scale of every importance weight, :mod:`zmqrl.parts.replay.table`).
 """
 
 from __future__ import annotations
@@ -60,9 +62,12 @@ class Targets:
     """Positions of ``n`` envs' episodes → ``search_targets`` items (module docstring)."""
 
     def __init__(self, n: int, num_actions: int, unroll_steps: int, td_steps: int,
-                 discount: float, reanalyse: bool = False):
+                 discount: float, reanalyse: bool = False, priority_eps: float = 1e-3):
         self.k, self.td, self.discount = unroll_steps, td_steps, discount
         self.reanalyse = reanalyse
+        if not priority_eps > 0:
+            raise ValueError(f"priority_eps must be > 0, got {priority_eps}")
+        self.priority_eps = priority_eps
         self.num_actions = num_actions
         self.episodes = [_Episode() for _ in range(n)]
         self.ready: list[dict[str, np.ndarray]] = []
@@ -125,8 +130,8 @@ class Targets:
         item = {"obs": np.stack(ep.obs[first:first + count]),
                 "action": actions, "reward": step_rewards, "value": value,
                 "policy": policy.astype(np.float32), "mask": mask,
-                "priority": np.abs(values[first:first + count] - z[first:first + count]
-                                   ).astype(np.float32)}
+                "priority": (np.abs(values[first:first + count] - z[first:first + count])
+                             + self.priority_eps).astype(np.float32)}
         if self.reanalyse:  # what recomputing the targets takes (nodes/reanalyse.py)
             obs = np.stack(ep.obs)
             # past a time limit's end the last row's value stands in (as above)
@@ -178,7 +183,7 @@ class LatentLane:
 
     def __init__(self, obs: np.ndarray, step_env: Any, num_actions: int,
                  params: SearchParams, unroll_steps: int, td_steps: int, seed: int = 0,
-                 reanalyse: bool = False):
+                 reanalyse: bool = False, priority_eps: float = 1e-3):
         self.n = len(obs)
         self.obs = obs
         self.step_env = step_env
@@ -186,7 +191,7 @@ class LatentLane:
         self.rng = np.random.default_rng(seed)
         self.mcts = LatentMCTS(self.n, num_actions, params, self.rng)
         self.targets = Targets(self.n, num_actions, unroll_steps, td_steps, params.discount,
-                               reanalyse)
+                               reanalyse, priority_eps)
         self.at_root = True  # the next query is the roots' initial inference
         self.moves = 0
         self.searches = 0

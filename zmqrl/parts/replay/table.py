@@ -28,6 +28,7 @@ __all__ = ["ReplayTable", "Sample", "SamplerKind"]
 
 SamplerKind = Literal["uniform", "prioritized", "fifo"]
 _SAMPLERS = ("uniform", "prioritized", "fifo")
+NORMALIZATIONS = ("table", "batch")  # what importance weights are divided by
 _STATE_VERSION = 1
 _ITEM_PREFIX = "items/"
 _U64 = (1 << 64) - 1
@@ -46,7 +47,12 @@ class ReplayTable:
     Prioritized parameters: stored priority is ``(p + eps) ** alpha``; importance
     weights use an exponent annealed linearly from ``beta`` to ``beta_final`` over
     ``beta_steps`` **calls** to :meth:`sample` (not items sampled), so the schedule
-    does not depend on the batch size. ``seed`` seeds the table's own generator.
+    does not depend on the batch size. ``normalize`` says what the weights are divided
+    by: ``table``, the largest weight any held item could get (Schaul et al.: that of
+    the smallest priority held, so one tiny priority scales every weight down), or
+    ``batch``, the largest weight in the batch drawn (muzero-general's and
+    EfficientZero's: every batch's largest weight is 1). ``seed`` seeds the table's own
+    generator.
     """
 
     def __init__(
@@ -59,6 +65,7 @@ class ReplayTable:
         beta_steps: int = 100_000,
         eps: float = 1e-6,
         seed: int = 0,
+        normalize: Literal["table", "batch"] = "table",
     ) -> None:
         capacity = int(capacity)
         if capacity < 1:
@@ -73,6 +80,9 @@ class ReplayTable:
             raise ValueError(f"beta_steps must be >= 0, got {beta_steps}")
         if not eps >= 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        self.normalize = normalize
         self._capacity = capacity
         self._sampler: SamplerKind = sampler
         self.alpha = float(alpha)
@@ -280,10 +290,11 @@ class ReplayTable:
         slots = tree.find(prefix)
         prio = tree.get(slots)
         probs = prio / total
-        # w_i = (N P(i))^-beta / max_j (N P(j))^-beta. The max over the whole table is
-        # reached at the smallest priority, so w_i = (p_i / p_min)^-beta: N and total
-        # cancel, which also avoids overflow of (N P)^-beta for tiny P.
-        weights = (prio / tree.min()) ** (-self.beta)
+        # w_i = (N P(i))^-beta / max_j (N P(j))^-beta. The max is reached at the smallest
+        # priority (of the table, or of this batch), so w_i = (p_i / p_min)^-beta: N and
+        # total cancel, which also avoids overflow of (N P)^-beta for tiny P.
+        least = tree.min() if self.normalize == "table" else prio.min()
+        weights = (prio / least) ** (-self.beta)
         # Slot -> key: the unique held key in [oldest, oldest + capacity) with that slot.
         keys = self._oldest_key + (slots - self._oldest_key) % self._capacity
         return keys.astype(np.int64), weights.astype(np.float32), probs
