@@ -216,7 +216,7 @@ class Learner(Node):
         self.check = checks.context(  # what every message we take in must match
             self.env, self.model, unroll=getattr(self.cfg, "unroll", None),
             sequence_length=getattr(self.cfg, "sequence_length", None),
-            state_size=self.model.state_size if recurrent else 0)
+            state_size=self.model.state_size if recurrent else 0, algo=self.cfg)
         self.updater = self._make_updater()
         precision = resolve_precision(self.args.precision, self.device)
         self.algo = make_algo(self.cfg, self.model, **self.updater.algo_options,

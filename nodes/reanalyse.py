@@ -96,7 +96,9 @@ class Reanalyse(Node):
         # The best estimate, not exploration: no root noise.
         self.search_params = SearchParams.of(cfg, dirichlet_fraction=0.0)
         self.rng = np.random.default_rng(topo.seed + 20_000 + self.ctx.replica)
-        self.check = messages.Context.from_env(self.spec)
+        # K and the reanalyse arrays as the configuration fixes them: a batch without
+        # them is refused by the check, not a crash in the search
+        self.check = messages.Context.from_env(self.spec, algo=cfg)
         self.batch_spec = messages.spec(wire.BATCH, cfg.items)
         self.in_flight = False
         self.sent_at = 0.0
@@ -134,10 +136,6 @@ class Reanalyse(Node):
             return
         self.expect_reply(msg, wire.BATCH, "the replay")
         messages.check(msg, self.batch_spec, self.check)
-        if "obs_bootstrap" not in msg.arrays:
-            raise wire.ProtocolError("batch items carry no reanalyse data (obs_unroll, "
-                                     "obs_bootstrap, ...): are the actors' algo.reanalyse "
-                                     "true?")
         started = time.perf_counter()
         value, policy = self._targets(msg)
         self.search_s += time.perf_counter() - started

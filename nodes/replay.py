@@ -158,10 +158,7 @@ class Replay(Node):
     def setup(self) -> None:
         a = self.args
         topo = self.ctx.topo
-        self.table = ReplayTable(a.capacity, a.sampler, a.alpha, a.beta, a.beta_final,
-                                 a.beta_steps, seed=topo.seed,
-                                 normalize=a.weights)  # type: ignore[arg-type]
-        self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
+        self._empty_table()
         # What producers must insert: the item kind of the algorithm's family (n-step
         # transitions, R2D2's sequences, AlphaZero's positions); the declarations are
         # zmqrl.bus.messages'.
@@ -179,9 +176,12 @@ class Replay(Node):
             self.revise_spec = None
         self.peek_rng = np.random.default_rng(topo.seed + 7)
         self.revised = self.stale_revisions = 0  # items rewritten; for evicted keys
+        # (the algorithm fixes what its items' layout depends on, e.g. MuZero's K: the
+        # first insert cannot set it for everyone)
         self.checks = messages.Context.from_env(
             env_spec(topo.env),
-            sequence_length=getattr(topo.algo_config, "sequence_length", None))
+            sequence_length=getattr(topo.algo_config, "sequence_length", None),
+            algo=topo.algo_config)
         self.waiting_samples = WaitingSamples(a.max_waiting_per_peer, a.max_waiting)
         self.waiting_insert: tuple[list, wire.Message, int] | None = None
         # The algorithm's batch: what sizes the largest insert the rate limiter can
@@ -196,6 +196,7 @@ class Replay(Node):
         self._waits_since: dict[str, float] = {}
         self.stale_priorities = 0  # priorities messages for another incarnation's keys
         self.restored_items = 0
+        self.dropped_restored_items = 0  # restored, but of another layout than the run's
         self.checkpointer: Checkpointer | None = None
         if a.checkpoint_every_s > 0:
             self.checkpointer = Checkpointer(
@@ -206,6 +207,15 @@ class Replay(Node):
                 self.log.info("restored %d items (keys %d..%d) from %s in %.3fs",
                               self.table.size, self.table.oldest_key, self.table.next_key - 1,
                               self.checkpointer.path, time.monotonic() - t0)
+                self._drop_restored_items_unlike_the_run()
+
+    def _empty_table(self) -> None:
+        """A new empty table and rate limiter, as the args say."""
+        a = self.args
+        self.table = ReplayTable(a.capacity, a.sampler, a.alpha, a.beta, a.beta_final,
+                                 a.beta_steps, seed=self.ctx.topo.seed,
+                                 normalize=a.weights)  # type: ignore[arg-type]
+        self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
 
     # ----- inserts ------------------------------------------------------------------
     def on_experience(self, envelope: list, msg: wire.Message) -> None:
@@ -401,6 +411,26 @@ class Replay(Node):
         self.restored_items = self.table.size
         self._mark = (time.monotonic(), self.limiter.inserts, self.limiter.samples)
 
+    def _drop_restored_items_unlike_the_run(self) -> None:
+        """Restored items of another layout than this run's inserts (a ``--resume``
+        that changed e.g. MuZero's ``unroll_steps``) would make every insert fail
+        against the table's fields: they are dropped, with a count, and the table
+        starts empty. Judged by checking one held item as an insert of this run."""
+        if self.table.size == 0:
+            return
+        item = self.table.peek(1, np.random.default_rng(0))
+        try:
+            messages.check(wire.decode(wire.encode(wire.INSERT, item.items)),
+                           self.insert_spec, self.checks)
+            return
+        except wire.ProtocolError as exc:
+            problem = str(exc)
+        self.dropped_restored_items = self.table.size
+        self._empty_table()
+        self.restored_items = 0
+        self.log.warning("dropped the %d restored items: they are not what this run "
+                         "inserts (%s)", self.dropped_restored_items, problem)
+
     def _log_save(self) -> None:
         assert self.checkpointer is not None
         self.log.info("checkpoint: %d items in %.3fs -> %s", self.table.size,
@@ -436,6 +466,7 @@ class Replay(Node):
             "revised": self.revised,
             "stale_revisions": self.stale_revisions,
             "restored_items": self.restored_items,
+            "dropped_restored_items": self.dropped_restored_items,
             "checkpoint_s": round(self.checkpointer.last_save_s if self.checkpointer else 0.0, 4),
         }
 

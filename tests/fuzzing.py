@@ -203,7 +203,7 @@ def port_context(raw_path: Path) -> messages.Context:
     return messages.Context.from_env(
         env, unroll=getattr(algo, "unroll", None),
         sequence_length=getattr(algo, "sequence_length", None),
-        state_size=int(getattr(model, "state_size", 0) or 0), model=model)
+        state_size=int(getattr(model, "state_size", 0) or 0), model=model, algo=algo)
 
 
 # Every declaration, the core's and the registered plug-ins' (MuZero's among them): the

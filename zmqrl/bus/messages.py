@@ -597,7 +597,10 @@ class Context:
     action_shape: tuple[int, ...] | None = None
     action_dtype: str | None = None  # None: int64 or float32
     num_actions: int | None = None  # discrete action count; None: Box (or unknown)
-    dims: dict[str, int] = field(default_factory=dict)  # pre-bound symbols: T, L, H
+    dims: dict[str, int] = field(default_factory=dict)  # pre-bound symbols: T, L, H, K
+    # optional arrays the run's configuration sends (True: required) or never sends
+    # (False: refused); AlgoConfig.optional_arrays
+    arrays: dict[str, bool] = field(default_factory=dict)
     parameters: dict[str, tuple[int, ...]] | None = None  # trainable: what grads name
     state: dict[str, tuple[int, ...]] | None = None  # state dict: what params carry
     # the largest magnitude of an observation, reward or action ("bounded")
@@ -607,13 +610,19 @@ class Context:
     @classmethod
     def from_env(cls, env: Any, *, unroll: int | None = None,
                  sequence_length: int | None = None, state_size: int = 0,
-                 model: Any = None) -> Context:
+                 model: Any = None, algo: Any = None) -> Context:
         """From a ``zmqrl.parts.envs.EnvSpec`` and whatever dimensions the port knows;
-        ``model`` (a torch module) fixes the tensors of ``grads`` and ``params``."""
+        ``model`` (a torch module) fixes the tensors of ``grads`` and ``params``, ``algo``
+        (the run's algorithm config) the symbols and optional arrays its
+        hyperparameters fix (``AlgoConfig.message_dims``, ``optional_arrays``)."""
         dims = {k: v for k, v in (("T", unroll), ("L", sequence_length),
                                   ("H", state_size or None)) if v}
+        arrays: dict[str, bool] = {}
+        if algo is not None:
+            dims.update(getattr(algo, "message_dims", dict)())
+            arrays.update(getattr(algo, "optional_arrays", dict)())
         ctx = cls(tuple(env.obs_shape), np.dtype(env.obs_dtype).name, tuple(env.action_shape),
-                  np.dtype(env.action_dtype).name, env.num_actions, dims,
+                  np.dtype(env.action_dtype).name, env.num_actions, dims, arrays,
                   max_abs=float(getattr(env, "max_abs", DEFAULT_MAX_ABS_VALUE)))
         if model is not None:
             ctx.parameters = {k: tuple(p.shape) for k, p in model.named_parameters()
@@ -694,6 +703,11 @@ class _Checker:
                        for f in spec.fields]
         self.arrays = [self._compile_array(a, ctx) for a in spec.arrays]
         self.names = frozenset(a.name for a in spec.arrays)
+        # optional arrays the run's configuration never sends
+        self.refused = frozenset(a.name for a in spec.arrays
+                                 if not a.required and ctx.arrays.get(a.name) is False)
+        self.configured = frozenset(a.name for a in spec.arrays  # ... or always sends
+                                    if not a.required and ctx.arrays.get(a.name) is True)
         self.closed = spec.closed
         self.together = [c.names for c in spec.constraints if isinstance(c, Together)]
         self.value_constraints = [c for c in spec.constraints if not isinstance(c, Together)]
@@ -770,7 +784,9 @@ class _Checker:
                 tokens.append((sym, int(off or 0)))
         dtypes = self._dtypes(a.dtype, ctx)
         rules = [self._rule(r, ctx) for r in a.rules]
-        return (a.name, a.required, dtypes, tokens, star, rules, a.rules, _dtype_text(dtypes))
+        # an optional array the run's configuration sends is required of every peer
+        required = a.required or ctx.arrays.get(a.name) is True
+        return (a.name, required, dtypes, tokens, star, rules, a.rules, _dtype_text(dtypes))
 
     # -- errors
     def _pattern(self, tokens: list, star: str | None, bound: dict) -> str:
@@ -808,9 +824,14 @@ class _Checker:
             arr = arrays.get(name)
             if arr is None:
                 if required:
+                    why = " (its algorithm's configuration sends it in this run)" \
+                        if name in self.configured else ""
                     self._fail(f"needs '{name}' of shape {self._pattern(tokens, star, bound)} "
-                               f"({dtype_text}), got none")
+                               f"({dtype_text}), got none{why}")
                 continue
+            if name in self.refused:
+                self._fail(f": '{name}' is not sent in this run (its algorithm's "
+                           "configuration leaves it out)")
             if arr.dtype not in dtypes:
                 self._fail(f"'{name}' must be {dtype_text}, got {arr.dtype}")
             shape = arr.shape
@@ -927,7 +948,12 @@ def markdown() -> str:
     out = ["Shape symbols bind on first use within a message and must agree afterwards: "
            + "; ".join(f"`{s}` {text} (≥ {least})" for s, (text, least) in SYMBOLS.items())
            + ". `*obs` and `*action` stand for the env's observation and action shapes "
-           "(`[]` for a discrete action). Dtype `obs` is "
+           "(`[]` for a discrete action). A symbol that names a hyperparameter "
+           "(`T`, `L`, `K`) is bound by the run's configuration before any message: a "
+           "receiving port refuses another value, whoever sends it first; so is an "
+           "optional array the configuration always sends (required) or never sends "
+           "(refused), such as MuZero's reanalyse arrays with `algo.reanalyse`. "
+           "Dtype `obs` is "
            f"{DTYPE_SYMBOLS['obs']}, `action` {DTYPE_SYMBOLS['action']}, "
            f"`float` {DTYPE_SYMBOLS['float']}.", "",
            "Rules: " + "; ".join(f"`{r}`: {text}" for r, text in RULES.items())

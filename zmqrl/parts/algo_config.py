@@ -77,6 +77,17 @@ class AlgoConfig:
         flushed when an episode ends); what sizes a replay's largest insert."""
         return max(1, int(getattr(self, "n_step", 1)))
 
+    def message_dims(self) -> dict[str, int]:
+        """Shape symbols of its messages that its hyperparameters fix (MuZero's ``K``,
+        ``unroll_steps``): every port that checks them binds these before the first
+        message, so one peer's insert cannot set the layout for everyone else's."""
+        return {}
+
+    def optional_arrays(self) -> dict[str, bool]:
+        """Optional arrays of its messages that its hyperparameters make required
+        (True) or refused (False): MuZero's reanalyse arrays with ``reanalyse``."""
+        return {}
+
     def __post_init__(self) -> None:
         # A config built directly (a test, a learner, PBT's dataclasses.replace) is held
         # to the same ranges as a topology's algo section: a bad value raises here.

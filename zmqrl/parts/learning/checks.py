@@ -32,12 +32,14 @@ def item_keys(items: str) -> tuple[str, ...]:
 
 
 def context(env: EnvSpec, model: torch.nn.Module, *, unroll: int | None = None,
-            sequence_length: int | None = None, state_size: int = 0) -> messages.Context:
+            sequence_length: int | None = None, state_size: int = 0,
+            algo: Any = None) -> messages.Context:
     """The dimensions a learner knows: the env's spaces, the unroll length T or the
-    sequence length L, the recurrent state size H (0: none in the data) and the model's
-    tensors (what ``params`` replies must carry)."""
+    sequence length L, the recurrent state size H (0: none in the data), the model's
+    tensors (what ``params`` replies must carry) and what the algorithm's config fixes
+    (``AlgoConfig.message_dims``, ``optional_arrays``)."""
     return messages.Context.from_env(env, unroll=unroll, sequence_length=sequence_length,
-                                     state_size=state_size, model=model)
+                                     state_size=state_size, model=model, algo=algo)
 
 
 def check_unroll(msg: wire.Message, ctx: messages.Context, recurrent: bool) -> int:

@@ -17,6 +17,9 @@ from typing import ClassVar
 from zmqrl.parts.algo_config import SEARCH, AlgoConfig
 from zmqrl.parts.bounds import ranged
 
+# What items carry for a reanalyse node (zmqrl.parts.muzero.messages): all or none.
+REANALYSE_ARRAYS = ("obs_unroll", "obs_bootstrap", "partial_return", "bootstrap_discount")
+
 
 @dataclass
 class MuZeroConfig(AlgoConfig):
@@ -65,6 +68,13 @@ class MuZeroConfig(AlgoConfig):
     # learner's predicted value, vs its target) plus this. Never 0: a prioritized
     # replay's importance weights are scaled by the smallest priority it holds.
     priority_eps: float = ranged(1e-3, gt=0)
+
+    def message_dims(self) -> dict[str, int]:
+        return {"K": self.unroll_steps}  # the replay's layout, whoever inserts first
+
+    def optional_arrays(self) -> dict[str, bool]:
+        # the reanalyse arrays come exactly when a reanalyse node runs
+        return dict.fromkeys(REANALYSE_ARRAYS, self.reanalyse)
 
     def items_per_env_step(self) -> int:
         # One position per env step. (An episode's end completes the targets of the

@@ -29,7 +29,9 @@ from zmqrl.bus.messages import (
     MessageSet,
     MessageSpec,
     RowsPerTrue,
+    Together,
 )
+from zmqrl.parts.muzero.config import REANALYSE_ARRAYS
 
 LATENT_SEARCH = "latent_search"  # the step/act variant
 SEARCH_TARGETS = "search_targets"  # the insert/batch variant (MuZeroConfig.items)
@@ -107,10 +109,12 @@ MESSAGES = MessageSet(
                           "parameter version searched with"),),
             arrays=(*_targets(),
                     Array("priority", "float32", ("B",), False, ("nonneg",),
-                          "initial priorities: |search value - value target| at t"))),
+                          "initial priorities: |search value - value target| at t")),
+            constraints=(Together(REANALYSE_ARRAYS),)),
         MessageSpec(wire.BATCH, "Sampled positions with their unroll targets.",
                     "replay → learner or reanalyse", variant=SEARCH_TARGETS,
-                    fields=(REPLAY_SOURCE,), arrays=_targets(*BATCH_HEAD)),
+                    fields=(REPLAY_SOURCE,), arrays=_targets(*BATCH_HEAD),
+                    constraints=(Together(REANALYSE_ARRAYS),)),
         MessageSpec(
             wire.REVISE, "Targets recomputed with newer parameters (MuZero Reanalyse); "
             "no reply on success.", "reanalyse → replay `sample`", variant=SEARCH_TARGETS,
