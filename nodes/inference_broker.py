@@ -27,7 +27,9 @@ buffers (an unroll's ``(T+1)·n`` observations) until it has been silent
 an ``error`` reply naming the count and the cap, and nothing is kept for it. A new
 connection while ``max_connections`` are held takes the place of one idle for
 ``reclaim_idle_s`` (no step waiting here), or else gets an ``error`` with ``retry``: an actor that
-restarted or reconnected waits and asks again rather than crash. ``zmqrl validate``
+restarted or reconnected waits and asks again rather than crash. What a behaviour holds
+beyond that (``Behaviour.held_bytes_per_env``: MuZero's latents, a tree's worth per
+game) is bounded in all by ``max_held_mib``, in the same way. ``zmqrl validate``
 refuses a topology whose linked actors' connections (``envs`` split over ``lanes``; an
 MCTS actor's ``games`` per lane) exceed the first cap, or whose number exceeds half the
 second (the other half is room for reconnects while old connections expire).
@@ -80,6 +82,9 @@ class InferenceBroker(Node):
         # step wider than this, or a connection beyond that many, gets an error reply.
         max_envs_per_connection: int = 1024  # a learner's max_unroll_envs too
         max_connections: int = 256
+        # What all connections' behaviours may hold besides that (a search's latents:
+        # MuZero's, 6.8 MB for 1,024 games of 25 simulations of a 64-wide latent).
+        max_held_mib: float = 256.0
         # At max_connections, a connection with no step waiting here that said nothing
         # for this long is forgotten to make room for a new one (an actor steps again
         # within milliseconds of its reply).
@@ -133,6 +138,8 @@ class InferenceBroker(Node):
         for name in ("max_envs_per_connection", "max_connections"):
             if getattr(args, name) < 1:
                 return [((*where, name), "must be >= 1")]
+        if not args.max_held_mib > 0:
+            return [((*where, "max_held_mib"), "must be > 0")]
         widths = {name: found for name, found in _connections(spec, topo).items() if found[0]}
         errors = [((*where, "max_envs_per_connection"),
                    f"node '{name}' steps {width} envs per connection, more than this "
@@ -202,6 +209,8 @@ class InferenceBroker(Node):
         self.latency = LatencyReservoir()
         self.every(5.0, self._forget_silent_actors)
         self.pool_checkpointer = self._pool_checkpointer()
+        # what each env of a connection holds beyond the caps (max_held_mib bounds it)
+        self.held_bytes_per_env = self.behaviour_type.held_bytes_per_env(self._setup_for(b""))
         self.log.info("model on %s in %s, %s per connection%s", self.device,
                       self.precision, self.behaviour_type.__name__,
                       f", unroll {self.unroll}" if self.unroll else "")
@@ -231,6 +240,12 @@ class InferenceBroker(Node):
             return
         behaviour = self.behaviours.get(key)
         if behaviour is None or behaviour.n != n:  # a new connection starts afresh
+            problem = self._room_for(key, n)
+            if problem is not None:
+                self.refused += 1
+                self.send("policy", wire.encode(wire.ERROR, retry=True, error=problem),
+                          envelope)
+                return
             behaviour = self.behaviours[key] = self.behaviour_type(self._setup_for(key), n)
         self.last_seen[key] = time.monotonic()
         # Outcomes are recorded on arrival, so an unroll this request completes ships
@@ -247,6 +262,26 @@ class InferenceBroker(Node):
         self.pending.append((envelope, msg, behaviour))
         self.pending_keys.add(key)
         self.pending_envs += n
+
+    def _room_for(self, key: bytes, n: int) -> str | None:
+        """Why connection ``key`` cannot hold a behaviour of ``n`` envs within
+        ``max_held_mib`` (idle connections forgotten first to make room), or None."""
+        if not self.held_bytes_per_env:
+            return None
+        cap = self.args.max_held_mib * (1 << 20)
+        need = n * self.held_bytes_per_env
+
+        def held() -> int:
+            return self.held_bytes_per_env * sum(b.n for k, b in self.behaviours.items()
+                                                 if k != key)
+
+        while held() + need > cap and self._forget_an_idle_connection():
+            pass
+        if held() + need <= cap:
+            return None
+        return (f"{n} envs of this connection would hold {need / (1 << 20):.1f} MiB beside "
+                f"the {held() / (1 << 20):.1f} MiB the others hold, more than this broker's "
+                f"max_held_mib {self.args.max_held_mib:g}; ask again")
 
     def _setup_for(self, key: bytes) -> ActingSetup:
         """Each connection explores with its own random stream."""
@@ -415,6 +450,8 @@ class InferenceBroker(Node):
             "outbox": len(self.outbox),
             "backpressure_pauses": self.pauses,
             "actors": len(self.behaviours),
+            "held_mib": round(self.held_bytes_per_env
+                              * sum(b.n for b in self.behaviours.values()) / (1 << 20), 2),
             "refused_steps": self.refused,
         }
         self.batch_envs = self.batches = 0

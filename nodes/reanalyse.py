@@ -54,6 +54,11 @@ class Reanalyse(Node):
         device: str = "cpu"
 
     @classmethod
+    def revise_batch(cls, spec: NodeSpec, topo: Topology) -> int | None:
+        size = spec.args.get("batch_size", cls.Args.batch_size)
+        return size if type(size) is int and size >= 1 else None
+
+    @classmethod
     def check_spec(cls, spec: NodeSpec, topo: Topology) -> list[tuple[tuple, str]]:
         args, where = spec.args, ("nodes", spec.name)
         errors = []

@@ -23,7 +23,12 @@ uniformly, outside the rate limiter and every counter (the learners' ratio stays
 theirs), and ``revise`` (``key``, the revised arrays, ``source``) overwrites the arrays of
 the items still held. What may be revised is the item kind's ``revise`` declaration
 (``zmqrl.bus.messages``: a plug-in's MessageSet declares it); keys of another
-incarnation, or evicted since, are skipped and counted (``stale_revisions``).
+incarnation, or evicted since, are skipped and counted (``stale_revisions``). Revision
+peeks are bounded as samples are: served only where the topology links a reviser to
+this port (``Node.revise_batch``), at most the largest batch a linked reviser asks for,
+one outstanding per connection until its ``revise`` comes (or ``revise_timeout_s``
+passes), a few connections at a time, and, with ``revisions_per_insert``, no more items
+handed to revisers than that many per item inserted (``error`` with ``retry`` past it).
 
 The rate limiter decides when each may happen. A sample it refuses waits here (the
 learner simply gets its reply later); an insert it refuses waits too, and while one
@@ -97,6 +102,11 @@ class Replay(Node):
         # sample requests held back by the rate limiter: per peer, and in all
         max_waiting_per_peer: int = 16
         max_waiting: int = 1024
+        # items handed to revisers (reanalyse) per item inserted; None: no ratio
+        revisions_per_insert: float | None = None
+        # a revision peek not followed by its revise within this long no longer counts
+        # as outstanding on its connection
+        revise_timeout_s: float = 60.0
 
     @classmethod
     def samples_by_priority(cls, spec: NodeSpec) -> bool:
@@ -139,6 +149,10 @@ class Replay(Node):
         for name in ("max_waiting_per_peer", "max_waiting"):
             if getattr(args, name) < 1:
                 errors.append(((*where, name), "must be >= 1"))
+        if args.revisions_per_insert is not None and not args.revisions_per_insert > 0:
+            errors.append(((*where, "revisions_per_insert"), "must be > 0 (or null: no ratio)"))
+        if not args.revise_timeout_s > 0:
+            errors.append(((*where, "revise_timeout_s"), "must be > 0"))
         if args.checkpoint_every_s < 0:
             errors.append(((*where, "checkpoint_every_s"), "must be >= 0 (0: no checkpoints)"))
         if args.min_size > args.capacity:
@@ -176,6 +190,12 @@ class Replay(Node):
             self.revise_spec = None
         self.peek_rng = np.random.default_rng(topo.seed + 7)
         self.revised = self.stale_revisions = 0  # items rewritten; for evicted keys
+        # Revision peeks: the largest a linked reviser asks for (0: none is linked) and
+        # how many of its connections may hold one at a time (room for reconnects).
+        self.max_revise_batch, revisers = linked_revisers(self.ctx.spec.name, topo)
+        self.max_outstanding_peeks = 2 * revisers
+        self.outstanding_peeks: dict[bytes, float] = {}  # connection -> when served
+        self.peeked = self.refused_peeks = 0  # items handed to revisers; peeks refused
         # (the algorithm fixes what its items' layout depends on, e.g. MuZero's K: the
         # first insert cannot set it for everyone)
         self.checks = messages.Context.from_env(
@@ -270,7 +290,7 @@ class Replay(Node):
             self._priorities(msg)
             return
         if msg.type == wire.REVISE:
-            self._revise(msg)
+            self._revise(envelope, msg)
             return
         if msg.type != wire.SAMPLE:
             raise wire.ProtocolError(f"sample port takes '{wire.SAMPLE}', "
@@ -324,24 +344,59 @@ class Replay(Node):
     # ----- revisions (a reanalyse node) -------------------------------------------------
     def _peek(self, envelope: list, batch_size: int) -> None:
         """A reviser's sample: answered now, uniform, outside the rate limiter (what
-        it revises is not trained on by it; the learners' ratio stays theirs)."""
+        it revises is not trained on by it; the learners' ratio stays theirs), and
+        bounded (the module docstring): a stranger's peeks cannot pile batches up here
+        or in the socket's queue."""
         if self.revise_spec is None:
             raise wire.ProtocolError(f"this replay's items ({self.items}) declare no "
                                      f"'{wire.REVISE}' variant: nothing of them can be revised")
-        least = max(batch_size, self.limiter.min_size_to_sample)
-        if self.table.size < least:
-            self.send("sample", wire.encode(wire.ERROR, retry=True, error=(
-                f"{self.table.size} items held, fewer than {least}; ask again")), envelope)
+        if not self.max_revise_batch:
+            raise wire.ProtocolError("no reviser (a reanalyse node) is linked to this "
+                                     "replay's sample port: revision peeks are refused")
+        if batch_size > self.max_revise_batch:
+            raise wire.ProtocolError(f"a revision peek of {batch_size} items exceeds "
+                                     f"{self.max_revise_batch}, the largest batch_size of "
+                                     "the revisers linked to this replay")
+        now = time.monotonic()
+        key = b"".join(bytes(f) for f in envelope)
+        timeout = self.args.revise_timeout_s
+        for peer, served in list(self.outstanding_peeks.items()):
+            if now - served > timeout:
+                del self.outstanding_peeks[peer]
+        if key in self.outstanding_peeks:
+            self.refused_peeks += 1
+            raise wire.ProtocolError("a revision peek is already outstanding on this "
+                                     "connection: send its revise first")
+        why = None
+        if len(self.outstanding_peeks) >= self.max_outstanding_peeks:
+            why = (f"{len(self.outstanding_peeks)} connections hold revision peeks, this "
+                   "replay's most")
+        elif self.args.revisions_per_insert is not None and self.peeked + batch_size > \
+                self.args.revisions_per_insert * self.limiter.inserts + self.max_revise_batch:
+            why = (f"revisions are ahead of inserts (revisions_per_insert "
+                   f"{self.args.revisions_per_insert:g})")
+        elif self.table.size < max(batch_size, self.limiter.min_size_to_sample):
+            why = (f"{self.table.size} items held, fewer than "
+                   f"{max(batch_size, self.limiter.min_size_to_sample)}")
+        if why is not None:
+            self.refused_peeks += 1
+            self.send("sample", wire.encode(wire.ERROR, retry=True, error=f"{why}; ask again"),
+                      envelope)
             return
         sample = self.table.peek(batch_size, self.peek_rng)
         arrays = {"key": sample.keys, "weight": sample.weights, **sample.items}
-        self.send("sample", wire.encode(wire.BATCH, arrays, source=self.incarnation), envelope)
+        if self.send("sample", wire.encode(wire.BATCH, arrays, source=self.incarnation),
+                     envelope):
+            self.outstanding_peeks[key] = now
+            self.peeked += batch_size
 
-    def _revise(self, msg: wire.Message) -> None:
+    def _revise(self, envelope: list, msg: wire.Message) -> None:
         if self.revise_spec is None:
             raise wire.ProtocolError(f"this replay's items ({self.items}) declare no "
                                      f"'{wire.REVISE}' variant: nothing of them can be revised")
         messages.check(msg, self.revise_spec, self.checks)
+        # that connection's peek is answered: it may peek again
+        self.outstanding_peeks.pop(b"".join(bytes(f) for f in envelope), None)
         source = msg.fields.get("source")
         keys = msg["key"]
         if source != self.incarnation:
@@ -464,11 +519,35 @@ class Replay(Node):
             "waiting_dropped": self.waiting_samples.dropped,
             "stale_priority_updates": self.table.stale_priority_updates,
             "revised": self.revised,
+            "revision_peeks": self.peeked,
+            "refused_peeks": self.refused_peeks,
             "stale_revisions": self.stale_revisions,
             "restored_items": self.restored_items,
             "dropped_restored_items": self.dropped_restored_items,
             "checkpoint_s": round(self.checkpointer.last_save_s if self.checkpointer else 0.0, 4),
         }
+
+
+def linked_revisers(name: str, topo: Topology) -> tuple[int, int]:
+    """The revisers linked to replay ``name``'s ``sample`` port: the largest batch one
+    asks for (``Node.revise_batch``; a ``command:`` node its ``args.revise_batch``) and
+    their replicas in all; ``(0, 0)`` where none is."""
+    largest = replicas = 0
+    for spec in topo.nodes.values():
+        if not any(spec.links_to(link, f"{name}.sample") for link in spec.links):
+            continue
+        if spec.target is None:
+            found = spec.args.get("revise_batch")
+            found = found if type(found) is int and found >= 1 else None
+        else:
+            try:
+                found = load_class(spec.target).revise_batch(spec, topo)
+            except (ImportError, AttributeError, TypeError, ValueError):
+                continue  # the topology check reports a class it cannot load
+        if found:
+            largest = max(largest, found)
+            replicas += spec.replicas
+    return largest, replicas
 
 
 def largest_insert(name: str, topo: Topology) -> tuple[int, list[str]]:

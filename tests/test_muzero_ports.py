@@ -157,3 +157,111 @@ def test_reanalyse_refuses_a_batch_missing_some_arrays(tmp_path, missing):
     finally:
         for sock in node.sockets.values():
             sock.close(linger=0)
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _revise(client: Client, batch: wire.Message) -> None:
+    client.send(wire.encode(wire.REVISE, {"key": batch["key"], "value": batch["value"],
+                                          "policy": batch["policy"]},
+                            source=batch.fields["source"]))
+
+
+def test_revision_peeks_are_bounded(processes, tmp_path):
+    """``sample {revise: true}`` was answered at once with up to the whole table, to
+    anyone, as often as asked: 600 requests from a peer that never read took a replay
+    from 65 MiB to 1.2 GiB. Now only a linked reviser's batch size is served, one peek
+    per connection until its ``revise``, and no more than ``revisions_per_insert`` per
+    item inserted."""
+    path = topology(tmp_path / "none.yaml", reanalyse=True, capacity=4096)
+    replay = ReplayProcess(processes, path, tmp_path / "run-none")
+    stranger = Client(replay.sample)
+    try:
+        reply = stranger.request(wire.encode(wire.SAMPLE, batch_size=4, revise=True), 60)
+        assert reply.type == wire.ERROR and "no reviser" in reply.fields["error"]
+    finally:
+        stranger.close()
+    stop_all([replay.proc])
+
+    raw = yaml.safe_load(topology(tmp_path / "t.yaml", reanalyse=True, capacity=4096,
+                                  revisions_per_insert=1.0).read_text())
+    raw["nodes"]["reanalyse"] = {"kind": "reanalyse", "args": {"batch_size": 8},
+                                 "links": {"replay": "replay.sample"}}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    replay = ReplayProcess(processes, path, tmp_path / "run")  # the reanalyse node not run
+    actor, reviser, stranger = (Client(a) for a in (replay.experience, replay.sample,
+                                                    replay.sample))
+    try:
+        for seed in range(8):  # 4,096 items, ~1.6 MB a peek of the whole table
+            reply = actor.request(positions(512, 5, reanalyse=True, seed=seed), 60)
+            assert reply.type == wire.CREDIT, reply.fields
+        reply = reviser.request(wire.encode(wire.SAMPLE, batch_size=4096, revise=True), 30)
+        assert reply.type == wire.ERROR and "exceeds 8" in reply.fields["error"]
+        before = _rss_mib(replay.proc.pid)
+        for _ in range(600):  # never read: replies would queue in the socket
+            stranger.send(wire.encode(wire.SAMPLE, batch_size=8, revise=True))
+        assert stranger.request(wire.encode(wire.PING), 30).type != wire.PONG  # its batch
+        replies = [stranger.recv(30).type for _ in range(600)]
+        assert replies[-1] == wire.PONG and replies.count(wire.BATCH) == 0
+        assert replies.count(wire.ERROR) == 599  # "already outstanding", each
+        assert _rss_mib(replay.proc.pid) - before < 30
+        # The ratio: 4,096 inserted, 8 of slack: 513 peeks of 8, then "ask again".
+        served = 0
+        while True:
+            reply = reviser.request(wire.encode(wire.SAMPLE, batch_size=8, revise=True), 30)
+            if reply.type == wire.ERROR:
+                break
+            served += 1
+            _revise(reviser, reply)
+        assert served == (4096 + 8) // 8 - 1, served  # the stranger's peek counted too
+        assert reply.fields.get("retry") is True and "ahead of inserts" in reply.fields["error"]
+        assert actor.request(positions(16, 5, reanalyse=True), 30).type == wire.CREDIT
+        assert reviser.request(wire.encode(wire.SAMPLE, batch_size=8, revise=True),
+                               30).type == wire.BATCH
+    finally:
+        for client in (actor, reviser, stranger):
+            client.close()
+
+
+def _roots(n: int) -> list:
+    zeros = np.zeros(n, np.int32)
+    return wire.encode(wire.STEP, {
+        "root": np.ones(n, bool), "obs": np.zeros((n, OBS), np.float32), "parent": zeros,
+        "action": np.zeros(n, np.int64), "node": zeros}, seq=1)
+
+
+def test_the_brokers_latents_are_counted(processes, tmp_path):
+    """A MuZero broker keeps every game's tree of latents: 6.8 MB for a connection of
+    1,024 games (25 simulations, 64-wide), ~1.7 GB at the default connection caps,
+    which they did not count. Now ``max_held_mib`` bounds them: a connection that would
+    pass it is told to ask again, and nothing is kept for it."""
+    raw = yaml.safe_load(topology(tmp_path / "t.yaml").read_text())
+    raw["model"] = {"kind": "muzero_mlp", "latent_size": 64, "hidden": 8, "support_size": 3}
+    raw["nodes"] = {"broker": {"kind": "inference_broker", "args": {
+        "device": "cpu", "max_held_mib": 10, "reclaim_idle_s": 60}}}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"
+    address = Endpoints(load(path), run_dir).bind_address("broker", "policy", 0)
+    processes.zmqrl("node", str(path), "broker", "--run-dir", str(run_dir),
+                    log=tmp_path / "broker.log")
+    first, second = Client(address), Client(address)
+    try:
+        reply = first.request(_roots(1024), timeout=60)  # 26 nodes x 257 B x 1,024: 6.5 MiB
+        assert reply.type == wire.ACT, reply.fields
+        reply = second.request(_roots(1024), timeout=30)
+        assert reply.type == wire.ERROR and reply.fields.get("retry") is True
+        assert "max_held_mib 10" in reply.fields["error"], reply.fields
+        assert second.request(_roots(256), timeout=30).type == wire.ACT  # 1.6 MiB fits
+        rows = wait_for(lambda: [r for r in read_csv(run_dir / "metrics" / "broker.csv")
+                                 if r["actors"] == "2"], 30, "a metrics row of both")
+        assert 8.0 < float(rows[-1]["held_mib"]) <= 10
+    finally:
+        first.close()
+        second.close()

@@ -425,7 +425,11 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 Field("revise", "bool", False,
                       doc="true: a reviser's peek (a reanalyse node), answered at once "
                           "with items drawn uniformly, outside the rate limiter and "
-                          "every counter; `error` with `retry` while fewer are held"))),
+                          "every counter; only for a node the topology links as a "
+                          "reviser (at most its `batch_size`; a `command:` node's "
+                          "`args.revise_batch`), one per connection until its `revise`; "
+                          "`error` with `retry` while fewer are held or "
+                          "`revisions_per_insert` is reached"))),
     MessageSpec(wire.BATCH, "Sampled transitions.", "replay → learner",
                 variant="transitions", fields=(REPLAY_SOURCE,),
                 arrays=_transitions(*BATCH_HEAD)),

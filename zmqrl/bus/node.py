@@ -355,6 +355,14 @@ class Node:
         return None
 
     @classmethod
+    def revise_batch(cls, spec: NodeSpec, topo: TopologySpec) -> int | None:
+        """The most items one revision peek of this node (a ``sample`` with
+        ``revise: true``) asks a replay for; None: it revises nothing. A replay serves
+        revision peeks only to the nodes linked to it that say so, at most this many
+        items each."""
+        return None
+
+    @classmethod
     def check_spec(cls, spec: NodeSpec, topo: TopologySpec) -> list[tuple[tuple, str]]:
         """Node-specific checks of a topology entry, as (field path, message) pairs."""
         return []

@@ -111,6 +111,13 @@ class Behaviour:
     # declares its own in a MessageSet and reads them in :meth:`observe_step`.
     step_variant: ClassVar[str] = ""
 
+    @classmethod
+    def held_bytes_per_env(cls, setup: ActingSetup) -> int:
+        """What a connection of this behaviour holds per env besides what the broker's
+        caps count already (an unroll's observations: ``max_envs_per_connection``), such
+        as a search's latents; the broker bounds the sum (``max_held_mib``)."""
+        return 0
+
     def __init__(self, setup: ActingSetup, n: int):
         self.setup = setup
         self.spec = setup.spec

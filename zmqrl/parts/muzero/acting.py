@@ -39,6 +39,11 @@ class LatentSearchBehaviour(Behaviour):
     steps_envs = False  # simulations of a search, not env steps: the actor counts its moves
     step_variant = LATENT_SEARCH
 
+    @classmethod
+    def held_bytes_per_env(cls, setup: ActingSetup) -> int:
+        # every node's latent (float32) and whether it is held, per game
+        return (int(setup.cfg.num_simulations) + 1) * (int(setup.model.latent_size) * 4 + 1)
+
     def __init__(self, setup: ActingSetup, n: int):
         super().__init__(setup, n)
         self.nodes = int(setup.cfg.num_simulations) + 1
