@@ -4,12 +4,17 @@
   (``zmqrl.plugins``), each ROUTER port its class ``binds``, the message types the port
   ``accepts``. A kind that binds no ROUTER port (an actor, the league: they only connect)
   has nothing to fuzz and is listed as skipped.
-* **A configuration for each kind**, with no table here: the first shipped topology
-  (``topologies/*.yaml``, sorted) that runs a node of that kind, shrunk (tiny model, cpu,
-  small capacities, the fuzz's message cap). A kind no shipped topology runs stands in for
-  a node with exactly its ``binds`` (the sink, a learner stand-in by design, takes the
-  learner's place in a2c.yaml, as ``zmqrl bench`` does); a kind with neither fails with a
-  message telling its author to ship a topology that runs it.
+* **Every configuration of each kind**, with no table here: a kind runs once under each
+  distinct part configuration the shipped topologies (``topologies/*.yaml``) give it (the
+  algorithm, its parts, the optional arrays its hyperparameters fix: MuZero's broker
+  searches latents, its replay with a reanalyse node serves revisions), in the first
+  topology that gives it (those without pixels first), shrunk (tiny model, cpu, small
+  capacities, the fuzz's message cap). The first configuration of a kind is its home
+  (``replay``), the others are named after their topology (``replay@muzero_reanalyse``).
+  A kind no shipped topology runs stands in for a node with exactly its ``binds`` (the
+  sink, a learner stand-in by design, takes the learner's place in a2c.yaml, as ``zmqrl
+  bench`` does); a kind with neither fails with a message telling its author to ship a
+  topology that runs it.
 * **Messages**: every declaration of ``zmqrl.bus.messages`` (``MESSAGES``), generated
   from its fields, arrays, shape symbols, rules and constraints in the port's context
   (env shapes, the algorithm's dimensions, the model's tensors): benign values (which a
@@ -59,7 +64,8 @@ class FuzzSetupError(AssertionError):
 # ----- targets ------------------------------------------------------------------------
 @dataclass
 class Home:
-    """Where a kind is fuzzed: a shrunk shipped topology and the node that runs it."""
+    """Where a kind is fuzzed under one configuration: a shrunk shipped topology and the
+    node that runs it."""
 
     kind: str
     cls: type
@@ -67,6 +73,7 @@ class Home:
     node: str  # the node of that kind in it
     raw: dict[str, Any]  # the shrunk topology
     stand_in_for: str | None = None  # the kind it replaced, if no topology runs it
+    first: bool = True  # the kind's first configuration (the others get fewer examples)
 
     @property
     def router_ports(self) -> list[str]:
@@ -92,26 +99,44 @@ def shipped_topologies() -> list[Path]:
     return sorted((REPO / "topologies").glob("*.yaml"))
 
 
-def _expanded_kinds(path: Path) -> dict[str, str]:
-    """Node name -> kind of a shipped topology as it runs (a population expanded)."""
+def _expanded_kinds(path: Path) -> tuple[dict[str, str], tuple]:
+    """Node name -> kind of a shipped topology as it runs (a population expanded), and
+    its part configuration: the algorithm, its parts and the optional arrays its
+    hyperparameters fix."""
     from zmqrl.run.topology import load
 
     topo = load(path)
-    return {name: spec.kind for name, spec in topo.nodes.items() if spec.kind}
+    cfg = topo.algo_config
+    parts = topo.parts_config
+    config = (cfg.kind, *(getattr(parts, f) for f in parts.FIELDS),
+              tuple(sorted(cfg.optional_arrays().items())))
+    return {name: spec.kind for name, spec in topo.nodes.items() if spec.kind}, config
+
+
+def _cheap_first(path: Path) -> tuple[bool, str]:
+    """Topologies without pixel envs first (their envs and models start fastest)."""
+    env = (yaml.safe_load(path.read_text()).get("env") or {}).get("id", "")
+    return ("Atari" in env, path.name)
 
 
 def homes() -> dict[str, Home]:
-    """Every registered kind with a ROUTER port -> where it is fuzzed."""
+    """Every registered kind with a ROUTER port, under every part configuration the
+    shipped topologies give it -> where it is fuzzed (``kind``, ``kind@topology``)."""
     kinds = registered_kinds()
     wanted = {k for k in kinds if k not in skipped_kinds()}
     found: dict[str, Home] = {}
+    configs: set[tuple] = set()
     runs: list[tuple[Path, dict[str, str]]] = []
-    for path in shipped_topologies():
-        names = _expanded_kinds(path)
+    for path in sorted(shipped_topologies(), key=_cheap_first):
+        names, config = _expanded_kinds(path)
         runs.append((path, names))
         for name, kind in names.items():
-            if kind in wanted and kind not in found:
-                found[kind] = Home(kind, kinds[kind], path, name, shrink(path))
+            if kind not in wanted or (kind, config) in configs:
+                continue
+            configs.add((kind, config))
+            home = kind if kind not in found else f"{kind}@{path.stem}"
+            found[home] = Home(kind, kinds[kind], path, name, shrink(path),
+                               first=home == kind)
     for kind in sorted(wanted - found.keys()):
         cls = kinds[kind]
         place = next(((path, name, other) for path, names in runs

@@ -2,8 +2,10 @@
 
 Nothing here names a node, a port or a message type: ``tests/fuzzing.py`` finds them.
 Every node kind registered in ``zmqrl.nodes`` runs as its own process (``zmqrl node``,
-ipc) in the first shipped topology that runs it, shrunk (tiny model, cpu, small
-capacities, a 1 MiB message cap), with only the nodes its links need beside it; a kind
+ipc) under every part configuration the shipped topologies give it (``replay``,
+``replay@muzero``, ``inference_broker@muzero``: MuZero's latent search, its revisions),
+shrunk (tiny model, cpu, small capacities, a 1 MiB message cap), with only the nodes its
+links need beside it; a kind
 that binds no ROUTER port is listed as skipped, and one no shipped topology can place
 fails with a message saying what to add. Every ROUTER port gets batches of random frames,
 garbled msgpack headers, structural and byte-level mutations, and messages of every
@@ -58,6 +60,10 @@ PONG_DEADLINE_S = 15.0  # a node that takes longer to answer a ping after a batc
 KNOWN_DEADLINE_S = 8.0  # the same for a known defect's xfail (a stalled node stays so)
 EXAMPLES_PER_PORT = 40
 VIOLATIONS_PER_PORT = 20
+# a kind's further configurations: the same strategies, fewer examples (the node's
+# message handling is shared; what differs is the part behind it)
+EXTRA_EXAMPLES_PER_PORT = 12
+EXTRA_VIOLATIONS_PER_PORT = 8
 
 try:
     HOMES = fuzzing.homes()
@@ -447,7 +453,10 @@ SETTINGS = dict(deadline=None, database=None, phases=[Phase.explicit, Phase.gene
                 report_multiple_bugs=False, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
-FUZZ = settings(max_examples=EXAMPLES_PER_PORT, **SETTINGS)
+
+
+def examples(target: Target, first: int, extra: int) -> settings:
+    return settings(max_examples=first if HOMES[target.kind].first else extra, **SETTINGS)
 
 
 # ----- the tests --------------------------------------------------------------------
@@ -530,7 +539,7 @@ def test_benign_messages_from_the_declarations_get_into_the_node(targets, kind, 
 
 def _fuzz_port(target: Target, only: str | None = None,
                deadline: float = PONG_DEADLINE_S) -> None:
-    @FUZZ
+    @examples(target, EXAMPLES_PER_PORT, EXTRA_EXAMPLES_PER_PORT)
     @given(batch=batches(target, only))
     def run(batch: Batch) -> None:
         for who, frames in batch:
@@ -645,7 +654,7 @@ def test_bad_values_and_dtypes_get_an_error_reply(targets, kind, port):
     target = targets[0][(kind, port)]
     specs = [s for s in accepted(target) if s.type != wire.ERROR]
 
-    @settings(max_examples=VIOLATIONS_PER_PORT, **SETTINGS)
+    @examples(target, VIOLATIONS_PER_PORT, EXTRA_VIOLATIONS_PER_PORT)
     @given(frames=st.sampled_from(specs).flatmap(lambda s: violation(s, target.ctx)))
     def run(frames: list) -> None:
         target.sock.send_multipart(frames)

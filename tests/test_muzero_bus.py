@@ -1,7 +1,8 @@
-"""MuZero as real processes: topologies/muzero.yaml, with a reanalyse node added in YAML,
-learns CartPole while its broker and its reanalyse node are killed under it. The
-search's queries cross the broker, positions the replay, the learner trains; a killed
-broker costs the actors a search, a killed reanalyse node nothing."""
+"""MuZero as real processes: topologies/muzero_reanalyse.yaml (muzero.yaml with a
+reanalyse node added in YAML) learns CartPole while its broker and its reanalyse node
+are killed under it. The search's queries cross the broker, positions the replay, the
+learner trains; a killed broker costs the actors a search, a killed reanalyse node
+nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,19 @@ import pytest
 import yaml
 
 from conftest import REPO, pid_of, read_csv, wait_for
+
+
+def test_reanalyse_topology_is_muzero_with_a_reanalyse_node():
+    """muzero_reanalyse.yaml is muzero.yaml plus what reanalysing takes, so what is
+    measured of one holds for the other's algorithm."""
+    plain, re = (yaml.safe_load((REPO / "topologies" / f"{name}.yaml").read_text())
+                 for name in ("muzero", "muzero_reanalyse"))
+    assert re["algo"] == {**plain["algo"], "reanalyse": True}
+    assert re["model"] == plain["model"] and re["env"] == plain["env"]
+    assert re["nodes"].pop("reanalyse")["links"] == {"replay": "replay.sample",
+                                                     "params": "learner.params"}
+    assert re["nodes"]["replay"]["args"].pop("revisions_per_insert") > 0
+    assert re["nodes"] == plain["nodes"]
 
 
 def _rows(run_dir, label: str) -> list[dict[str, str]]:
@@ -40,13 +54,7 @@ def test_muzero_learns_cartpole_through_a_broker_and_a_reanalyse_restart(process
     name latents the new broker does not hold: they search the move again from the
     roots) and then the reanalyse node (it keeps nothing: restarted, it revises on,
     and the replay lost no item)."""
-    raw = yaml.safe_load((REPO / "topologies" / "muzero.yaml").read_text())
-    raw["algo"]["reanalyse"] = True
-    raw["nodes"]["reanalyse"] = {"kind": "reanalyse", "args": {"batch_size": 8},
-                                 "links": {"replay": "replay.sample",
-                                           "params": "learner.params"}}
-    path = tmp_path / "muzero.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path = REPO / "topologies" / "muzero_reanalyse.yaml"
     run_dir = tmp_path / "run"
     proc = processes.zmqrl("up", str(path), "--run-dir", str(run_dir), "--max-seconds", "240",
                            "--target-return", "60", "--target-window", "20", *SMALL_MODEL,
