@@ -141,7 +141,8 @@ class MuZeroActor(Node):
             self.lanes.append(_Lane(LatentLane(
                 obs.astype(self.spec.obs_dtype, copy=False), step, self.spec.num_actions,
                 params, cfg.unroll_steps, cfg.td_steps, seed + 1000 * i + 1,
-                reanalyse=cfg.reanalyse, priority_eps=cfg.priority_eps)))
+                reanalyse=cfg.reanalyse, priority_eps=cfg.priority_eps,
+                unroll_obs=cfg.unroll_observations)))
         self.outbox = Outbox(self, "experience", a.max_outbox) \
             if "experience" in self.sockets else None
         self.waiting: deque[dict[str, np.ndarray]] = deque()  # items waiting for credit

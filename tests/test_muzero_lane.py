@@ -105,6 +105,17 @@ def test_no_position_gets_priority_zero():
         Targets(1, A, unroll_steps=2, td_steps=2, discount=0.5, priority_eps=0.0)
 
 
+def test_unroll_observations_alone_for_the_consistency_loss():
+    """``unroll_obs`` without ``reanalyse``: items carry the observations at t+1..t+K
+    (zeros past the end) and none of the bootstrap arrays."""
+    targets = Targets(1, A, unroll_steps=2, td_steps=2, discount=0.5, unroll_obs=True)
+    _add(targets, [1.0, 1.0, 1.0], [4.0, 4.0, 4.0])
+    targets.end(0, truncated=False)
+    item = targets.take()
+    assert "obs_bootstrap" not in item and "partial_return" not in item
+    np.testing.assert_array_equal(item["obs_unroll"][:, :, 0], [[1, 2], [2, 0], [0, 0]])
+
+
 @pytest.mark.parametrize("end", ["running", "terminal", "time limit"])
 def test_reanalyse_data_recomputes_the_value_targets(end):
     """With ``reanalyse``, an item carries what recomputing its value targets takes:

@@ -284,3 +284,28 @@ def test_config():
         MuZeroConfig(discount=1.5)
     with pytest.raises(ValueError, match="algo.unroll_steps"):
         MuZeroConfig(unroll_steps=0)
+
+
+def test_consistency_loss_teaches_the_dynamics_what_it_reaches():
+    """With ``consistency_cost`` (EfficientZero's term) each unrolled latent is pulled
+    toward the representation of the observation really reached (its gradient
+    stopped): the term falls as the learner fits a fixed batch, and the represented
+    targets are not what it moves (no gradient reaches them through the target)."""
+    model, learner = _setup(consistency_cost=2.0, lr=1e-2)
+    batch = _batch()
+    g = torch.Generator().manual_seed(3)
+    batch["obs_unroll"] = torch.randn(B, K, 4, generator=g)
+    loss, terms, _ = muzero_loss(model, batch, 0.25, consistency_cost=2.0)
+    plain, _, _ = muzero_loss(model, batch, 0.25)
+    assert -1.0 <= terms["consistency_loss"].item() <= 1.0
+    assert not torch.allclose(loss, plain)  # the term counts
+    first = learner.update(batch)[0]
+    for _ in range(60):
+        last = learner.update(batch)[0]
+    assert last["consistency_loss"] < first["consistency_loss"] - 0.05, (first, last)
+    # the target's gradient is stopped: nothing flows back into obs_unroll
+    reached = batch["obs_unroll"].clone().requires_grad_()
+    consistency, _, _ = muzero_loss(model, dict(batch, obs_unroll=reached), 0.0,
+                                    consistency_cost=1.0)
+    consistency.sum().backward()
+    assert reached.grad is None

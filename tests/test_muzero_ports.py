@@ -83,7 +83,8 @@ def test_the_first_insert_does_not_fix_the_layout(processes, tmp_path):
         assert reply.type == wire.ERROR and "'action' of shape [4, 5], got (4, 1)" in \
             reply.fields["error"]
         for bad, why in ((positions(4, 5, reanalyse=True), "is not sent in this run"),
-                         (positions(4, 5, only=("obs_unroll",)), "must come together")):
+                         (positions(4, 5, only=("obs_bootstrap",)), "must come together"),
+                         (positions(4, 5, only=("obs_unroll",)), "is not sent in this run")):
             reply = actor.request(bad, timeout=30)
             assert reply.type == wire.ERROR and why in reply.fields["error"], reply.fields
         assert actor.request(positions(4, 5), timeout=30).type == wire.CREDIT
@@ -129,8 +130,10 @@ def test_a_resume_under_another_unroll_drops_the_items_it_cannot_serve(processes
     assert "dropped the 20 restored items" in log and "'action' of shape [1, 3], got (1, 5)" in log
 
 
-@pytest.mark.parametrize("missing", [("obs_unroll",), ("partial_return", "bootstrap_discount")])
-def test_reanalyse_refuses_a_batch_missing_some_arrays(tmp_path, missing):
+@pytest.mark.parametrize("missing,why", [
+    (("obs_unroll",), "configuration sends it"),
+    (("partial_return", "bootstrap_discount"), "must come together")])
+def test_reanalyse_refuses_a_batch_missing_some_arrays(tmp_path, missing, why):
     """A batch from the replay with some reanalyse arrays left out is an error (logged,
     counted), not a KeyError in the search that kills the node."""
     from zmqrl.bus.node import NodeContext
@@ -151,7 +154,7 @@ def test_reanalyse_refuses_a_batch_missing_some_arrays(tmp_path, missing):
                   if k not in missing and k != "priority"}
         arrays.update(key=np.arange(4, dtype=np.int64), weight=np.ones(4, np.float32))
         batch = wire.decode(wire.encode(wire.BATCH, arrays, source="x"))
-        with pytest.raises(wire.ProtocolError, match="must come together"):
+        with pytest.raises(wire.ProtocolError, match=why):
             node.on_replay([], batch)
         assert node.revised == 0
     finally:

@@ -10,6 +10,7 @@ it, and one NaN trained on would poison every parameter the learner then publish
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,14 +22,16 @@ UNROLL_KEYS = ("obs", "action", "logp", "reward", "done")
 STATE_KEYS = ("state_h", "state_c")  # unrolls of a recurrent policy (lstm_ac)
 
 
-def item_keys(items: str) -> tuple[str, ...]:
+def item_keys(items: str, sent: Mapping[str, bool] | None = None) -> tuple[str, ...]:
     """What a learner trains on of replay item kind ``items``: the arrays its ``batch``
-    variant requires besides the batch's own head (``key``, ``weight``); optional arrays
-    are for other readers (a reanalyse node). Read from the declaration (the core's or a
+    variant requires besides the batch's own head (``key``, ``weight``), and the optional
+    ones the run's configuration sends (``sent``: ``Context.arrays``, e.g. MuZero's
+    ``obs_unroll`` for its consistency loss). Read from the declaration (the core's or a
     plug-in's MessageSet), so a new item kind needs no table here."""
     head = {a.name for a in messages.BATCH_HEAD}
+    sent = sent or {}
     return tuple(a.name for a in messages.spec(wire.BATCH, items).arrays
-                 if a.required and a.name not in head)
+                 if (a.required or sent.get(a.name) is True) and a.name not in head)
 
 
 def context(env: EnvSpec, model: torch.nn.Module, *, unroll: int | None = None,

@@ -348,7 +348,7 @@ class ReplayClient:
         self.to_device = HostToDevice(device)  # pinned, non-blocking copies on CUDA
         self.items = items  # the item kind (Parts.items): an insert/batch variant
         self.link = link
-        self.keys = item_keys(items)
+        self.keys = item_keys(items, check.arrays)
         self.batches: deque[wire.Message] = deque()
         self.in_flight = 0
         self.rejected = 0  # batches that failed the checks

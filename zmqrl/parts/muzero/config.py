@@ -17,8 +17,11 @@ from typing import ClassVar
 from zmqrl.parts.algo_config import SEARCH, AlgoConfig
 from zmqrl.parts.bounds import ranged
 
-# What items carry for a reanalyse node (zmqrl.parts.muzero.messages): all or none.
-REANALYSE_ARRAYS = ("obs_unroll", "obs_bootstrap", "partial_return", "bootstrap_discount")
+# What items carry for a reanalyse node (zmqrl.parts.muzero.messages): all or none;
+# the unroll's observations also for the consistency loss.
+UNROLL_OBS = "obs_unroll"
+BOOTSTRAP_ARRAYS = ("obs_bootstrap", "partial_return", "bootstrap_discount")
+REANALYSE_ARRAYS = (UNROLL_OBS, *BOOTSTRAP_ARRAYS)
 
 
 @dataclass
@@ -63,6 +66,13 @@ class MuZeroConfig(AlgoConfig):
     weight_decay: float = ranged(1e-4, ge=0)
     # Weight of the value cross-entropy (the paper's 0.25 for reanalysed Atari).
     value_cost: float = ranged(0.25, ge=0)
+    # EfficientZero's self-supervised consistency (Ye et al. 2021), not the paper's
+    # MuZero (0: off): at each unrolled step k, minus the cosine similarity of the
+    # dynamics' latent and the representation of the observation really reached at
+    # t+k (its gradient stopped). It teaches the dynamics the actions' effect from
+    # the observations themselves, where MuZero learns it only through the value,
+    # policy and reward. Items then carry the unroll's observations (``obs_unroll``).
+    consistency_cost: float = ranged(0.0, ge=0)
     max_grad_norm: float = ranged(5.0, gt=0)  # global gradient-norm clip of each step
     # Priorities: |v - z| of the first step (the actor's search value, then the
     # learner's predicted value, vs its target) plus this. Never 0: a prioritized
@@ -73,8 +83,15 @@ class MuZeroConfig(AlgoConfig):
         return {"K": self.unroll_steps}  # the replay's layout, whoever inserts first
 
     def optional_arrays(self) -> dict[str, bool]:
-        # the reanalyse arrays come exactly when a reanalyse node runs
-        return dict.fromkeys(REANALYSE_ARRAYS, self.reanalyse)
+        # the reanalyse arrays come exactly when a reanalyse node runs; the unroll's
+        # observations also for the consistency loss
+        return {**dict.fromkeys(BOOTSTRAP_ARRAYS, self.reanalyse),
+                UNROLL_OBS: self.reanalyse or self.consistency_cost > 0}
+
+    @property
+    def unroll_observations(self) -> bool:
+        """Whether items carry the observations at t+1..t+K."""
+        return self.optional_arrays()[UNROLL_OBS]
 
     def items_per_env_step(self) -> int:
         # One position per env step. (An episode's end completes the targets of the

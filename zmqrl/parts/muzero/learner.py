@@ -11,7 +11,9 @@ A batch (``search_targets`` items from a replay, batch-major tensors):
 * ``value [B, K+1]``: the n-step value targets z_{t+k} (0 past the end: absorbing);
 * ``policy [B, K+1, A]``: the search's visit distributions (uniform past the end);
 * ``mask [B, K+1]`` bool: t+k lies inside the episode (``mask[:, 0]`` is true);
-* ``weights [B]`` (optional): the replay's importance weights.
+* ``weights [B]`` (optional): the replay's importance weights;
+* ``obs_unroll [B, K, *obs]`` (with ``consistency_cost``; any run that sends it): the
+  observations at t+1..t+K (zeros past the episode's end).
 
 The loss of an item is, with CE the cross-entropy to the two-hot categorical of h(target)
 (:mod:`zmqrl.parts.muzero.support`),
@@ -28,6 +30,14 @@ weights (biases excluded: an explicit L2 penalty, as the paper's, not Adam's dec
 decay), minimised by Adam with a global gradient-norm clip. New priorities are the
 first step's |v - z| plus ``priority_eps``.
 
+With ``consistency_cost`` (EfficientZero's self-supervised consistency, Ye et al. 2021;
+not the paper's MuZero) each unrolled step also adds ``consistency_cost`` times minus the
+cosine similarity of the dynamics' latent and the representation of ``obs_unroll`` at
+that step (gradient stopped; masked past the episode's end), scaled by 1/K like the
+step's other terms. EfficientZero compares them through projection and prediction
+heads (SimSiam); here the min-max scaled latents are compared directly, which needs no
+new parameters in the model.
+
 The paper scales each unrolled step's loss with ``scale_gradient`` (the gradient only);
 here the step's loss itself is multiplied by 1/K: the same gradient, and the reported
 ``loss`` is then what is minimised.
@@ -38,6 +48,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from zmqrl.parts.algos import gradients
 from zmqrl.parts.devices import autocast
@@ -55,9 +66,11 @@ def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def muzero_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], value_cost: float,
-                precision: str = "float32"
+                precision: str = "float32", consistency_cost: float = 0.0
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-    """The unrolled loss of each item (no importance weights, no L2).
+    """The unrolled loss of each item (no importance weights, no L2); with
+    ``consistency_cost``, plus that times each unrolled step's negative cosine similarity
+    of the dynamics' latent and the represented ``obs_unroll`` (gradient stopped).
 
     Returns ``(loss [B], terms, value [B])``: ``terms`` holds the per-step means of the
     cross-entropies (``value_loss`` over all K+1 steps; ``policy_loss`` and
@@ -73,6 +86,12 @@ def muzero_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], value_co
     policy_target = batch["policy"].float()
     policy_mask, reward_mask = mask.float(), mask[:, :steps].float()
     obs = batch["obs"]
+    consistency = consistency_cost > 0
+    if consistency:  # what each unrolled latent should be: the observation it reached
+        with torch.no_grad(), autocast(obs.device, precision):
+            seen = batch["obs_unroll"]
+            reached = model.represent(seen.flatten(0, 1)).float().unflatten(0, seen.shape[:2])
+        similarity = []
     with autocast(obs.device, precision):
         latent = model.represent(obs)
         policy_logits, value_logits = model.predict(latent)
@@ -82,6 +101,8 @@ def muzero_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], value_co
         reward_ce = []
         for k in range(1, steps + 1):
             latent, reward_logits = model.dynamics(latent, action[:, k - 1])
+            if consistency:
+                similarity.append(F.cosine_similarity(latent.float(), reached[:, k - 1], -1))
             policy_logits, value_logits = model.predict(latent)
             value_ce.append(_cross_entropy(value_logits, value_target[:, k]))
             policy_ce.append(_cross_entropy(policy_logits, policy_target[:, k]))
@@ -104,6 +125,11 @@ def muzero_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], value_co
                  "policy_loss": policies.sum() / policy_mask.sum().clamp_min(1),
                  "reward_loss": rewards.sum() / reward_mask.sum().clamp_min(1)}
         value = support_to_scalar(first_value.detach(), size)
+    if consistency:  # past the episode's end nothing was reached: masked
+        dissimilar = -torch.stack(similarity, 1) * policy_mask[:, 1:]  # [B, K]
+        loss = loss + consistency_cost * (dissimilar * scale[1:]).sum(1)
+        terms["consistency_loss"] = dissimilar.detach().sum() / \
+            policy_mask[:, 1:].sum().clamp_min(1)
     return loss, terms, value
 
 
@@ -126,7 +152,8 @@ class MuZeroLearner:
                ) -> tuple[dict[str, float], torch.Tensor]:
         """One step; ``(terms, priorities [B])``, the priorities detached, float32."""
         cfg = self.cfg
-        per_item, terms, value = muzero_loss(self.model, batch, cfg.value_cost, self.precision)
+        per_item, terms, value = muzero_loss(self.model, batch, cfg.value_cost, self.precision,
+                                             cfg.consistency_cost)
         weights = batch.get("weights")
         if weights is not None:
             per_item = per_item * weights.float()

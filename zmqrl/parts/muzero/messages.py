@@ -31,7 +31,7 @@ from zmqrl.bus.messages import (
     RowsPerTrue,
     Together,
 )
-from zmqrl.parts.muzero.config import REANALYSE_ARRAYS
+from zmqrl.parts.muzero.config import BOOTSTRAP_ARRAYS
 
 LATENT_SEARCH = "latent_search"  # the step/act variant
 SEARCH_TARGETS = "search_targets"  # the insert/batch variant (MuZeroConfig.items)
@@ -55,7 +55,8 @@ def _targets(*head: Array) -> tuple[Array, ...]:
         # What a reanalyse node re-searches (`algo.reanalyse`): z = partial_return +
         # bootstrap_discount * v(obs_bootstrap) recomputes `value` with any network.
         Array("obs_unroll", "obs", ("B", "K", "*obs"), False, ("bounded",),
-              "reanalyse: the observations at t+1..t+K (zeros past the episode's end)"),
+              "reanalyse, or `algo.consistency_cost`: the observations at t+1..t+K "
+              "(zeros past the episode's end)"),
         Array("obs_bootstrap", "obs", ("B", "K+1", "*obs"), False, ("bounded",),
               "reanalyse: the observation each value target bootstraps from (zeros where "
               "none)"),
@@ -110,11 +111,11 @@ MESSAGES = MessageSet(
             arrays=(*_targets(),
                     Array("priority", "float32", ("B",), False, ("nonneg",),
                           "initial priorities: |search value - value target| at t")),
-            constraints=(Together(REANALYSE_ARRAYS),)),
+            constraints=(Together(BOOTSTRAP_ARRAYS),)),
         MessageSpec(wire.BATCH, "Sampled positions with their unroll targets.",
                     "replay → learner or reanalyse", variant=SEARCH_TARGETS,
                     fields=(REPLAY_SOURCE,), arrays=_targets(*BATCH_HEAD),
-                    constraints=(Together(REANALYSE_ARRAYS),)),
+                    constraints=(Together(BOOTSTRAP_ARRAYS),)),
         MessageSpec(
             wire.REVISE, "Targets recomputed with newer parameters (MuZero Reanalyse); "
             "no reply on success.", "reanalyse → replay `sample`", variant=SEARCH_TARGETS,
