@@ -5,6 +5,8 @@
     python benchmarks/muzero.py steps [--steps 200000] [--set algo.num_simulations=4]
     python benchmarks/muzero.py minatar [--seconds 300]
     python benchmarks/muzero.py reanalyse [--seconds 300] [--seed 1]
+    python benchmarks/muzero.py versus [--seeds 1 2 3] [--budget 300] [--set ...]
+    python benchmarks/muzero.py minatar-steps [--seeds 1 2 3] [--steps 100000]
 
 ``throughput``: search simulations per second of the topology's search (its model,
 simulations, envs in flight), (1) in this process, the model called for one query at a
@@ -28,6 +30,15 @@ the replay's growth slows acting or learning.
 
 ``reanalyse``: muzero.yaml with and without a reanalyse node for ``--seconds`` each
 (alternating), the same seed; the return of the last 20 episodes at the end.
+
+``versus``: per seed, ``muzero.yaml`` and then ``seed.yaml`` until the mean return of the
+last 100 episodes reaches ``--target`` (or ``--budget`` seconds pass): the time and env
+steps each took, then the medians and MuZero's env steps against SEED's (the issue's
+sample-efficiency goal: at most half). SEED's time in the same sitting is the machine's
+gauge.
+
+``minatar-steps``: per seed, ``muzero_minatar.yaml`` and ``seed_minatar.yaml`` for the same
+``--steps`` env steps: the mean return of the last 100 episodes at the end.
 
 Every line says the machine's load average: on a shared machine that is what makes
 figures comparable.
@@ -286,6 +297,53 @@ def reanalyse(args: argparse.Namespace) -> None:
                       flush=True)
 
 
+def _to_target(topology: Path, seed: int, args: argparse.Namespace, sets: list[str],
+               keep: str) -> tuple[float | None, float | None, float, float]:
+    """(seconds, env steps) at which return(100) first reached the target (None: not
+    within the budget), and the last return(100) and env steps."""
+    with tempfile.TemporaryDirectory(prefix="zmqrl-mz-") as tmp:
+        run_dir = Path(tmp) / "run"
+        zmqrl_up(topology, run_dir, "--max-seconds", str(args.budget), "--target-return",
+                 str(args.target), sets=[f"seed={seed}", *sets])
+        run = run_rows(run_dir)
+        if args.keep:
+            subprocess.run(["cp", "-r", str(run_dir), str(Path(args.keep) / keep)],
+                           check=True)
+    reached = next((r for r in run if r[3] >= args.target), None)
+    last = run[-1]
+    return (reached[0] if reached else None, reached[1] if reached else None, last[3],
+            last[1])
+
+
+def versus(args: argparse.Namespace) -> None:
+    found: dict[str, list[float]] = {"muzero": [], "seed": []}
+    for seed in args.seeds:
+        for name, topology, sets in (("muzero", TOPOLOGY, args.set),
+                                     ("seed", REPO / "topologies" / "seed.yaml", [])):
+            t, steps, last, total = _to_target(topology, seed, args, sets, f"{name}-seed{seed}")
+            found[name].append(steps if steps is not None else float("inf"))
+            print(f"seed {seed} {name}: " + (
+                f"return(100) {args.target:g} at {t:.0f} s, {steps:,.0f} env steps"
+                if steps is not None else
+                f"not reached in {args.budget:g} s: return(100) {last:.1f} at "
+                f"{total:,.0f} env steps") + f" ({load()})", flush=True)
+    mz, sd = (float(np.median(found[k])) for k in ("muzero", "seed"))
+    print(f"median env steps to {args.target:g}: muzero {mz:,.0f}, seed {sd:,.0f}; "
+          f"muzero/seed {mz / sd:.2f} (goal <= 0.5); sets {args.set}")
+
+
+def minatar_steps(args: argparse.Namespace) -> None:
+    for seed in args.seeds:
+        for name in ("muzero_minatar", "seed_minatar"):
+            with tempfile.TemporaryDirectory(prefix="zmqrl-mz-") as tmp:
+                run_dir = Path(tmp) / "run"
+                wall = zmqrl_up(REPO / "topologies" / f"{name}.yaml", run_dir, "--max-steps",
+                                str(args.steps), sets=[f"seed={seed}", *args.set])
+                last = run_rows(run_dir)[-1]
+                print(f"seed {seed} {name}: return(100) {last[3]:.2f} at {last[1]:,.0f} env "
+                      f"steps, {wall:.0f} s ({load()})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -310,9 +368,20 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--set", action="append", default=[])
+    p = sub.add_parser("versus")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--budget", type=float, default=300.0)
+    p.add_argument("--target", type=float, default=475.0)
+    p.add_argument("--keep", help="copy each run directory here (for zmqrl plot)")
+    p.add_argument("--set", action="append", default=[], help="for muzero.yaml")
+    p = sub.add_parser("minatar-steps")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--steps", type=int, default=100_000)
+    p.add_argument("--set", action="append", default=[])
     args = parser.parse_args()
     {"throughput": throughput, "cartpole": cartpole, "steps": steps, "minatar": minatar,
-     "reanalyse": reanalyse}[args.what](args)
+     "reanalyse": reanalyse, "versus": versus,
+     "minatar-steps": minatar_steps}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -349,14 +349,16 @@ def declared_message(draw: st.DrawFn, spec: messages.MessageSpec, ctx: messages.
     for sym, (_, least) in messages.SYMBOLS.items():
         if sym not in bound:
             bound[sym] = draw(st.integers(max(least, 1 if sym != "k" else 0), 3))
-    chosen = [a for a in spec.arrays if a.required]
+    # optional arrays the run's configuration sends (or never sends) are not drawn
+    fixed = ctx.arrays
+    chosen = [a for a in spec.arrays if a.required or fixed.get(a.name) is True]
     groups = [c.names for c in spec.constraints if isinstance(c, messages.Together)]
     grouped = {n for g in groups for n in g}
     for g in groups:
-        if draw(st.booleans()):
+        if not any(n in fixed for n in g) and draw(st.booleans()):
             chosen += [a for a in spec.arrays if a.name in g]
     chosen += [a for a in spec.arrays if not a.required and a.name not in grouped
-               and draw(st.booleans())]
+               and a.name not in fixed and draw(st.booleans())]
     chosen.sort(key=spec.arrays.index)
 
     def dtype_of(a: messages.Array) -> np.dtype:
