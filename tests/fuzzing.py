@@ -99,18 +99,23 @@ def shipped_topologies() -> list[Path]:
     return sorted((REPO / "topologies").glob("*.yaml"))
 
 
+def part_configuration(topo: Any) -> tuple:
+    """What makes a node of a topology run another way than in the next: the algorithm,
+    its parts and the optional arrays its hyperparameters fix."""
+    cfg = topo.algo_config
+    parts = topo.parts_config
+    return (cfg.kind, *(getattr(parts, f) for f in parts.FIELDS),
+            tuple(sorted(cfg.optional_arrays().items())))
+
+
 def _expanded_kinds(path: Path) -> tuple[dict[str, str], tuple]:
     """Node name -> kind of a shipped topology as it runs (a population expanded), and
-    its part configuration: the algorithm, its parts and the optional arrays its
-    hyperparameters fix."""
+    its part configuration."""
     from zmqrl.run.topology import load
 
     topo = load(path)
-    cfg = topo.algo_config
-    parts = topo.parts_config
-    config = (cfg.kind, *(getattr(parts, f) for f in parts.FIELDS),
-              tuple(sorted(cfg.optional_arrays().items())))
-    return {name: spec.kind for name, spec in topo.nodes.items() if spec.kind}, config
+    return ({name: spec.kind for name, spec in topo.nodes.items() if spec.kind},
+            part_configuration(topo))
 
 
 def _cheap_first(path: Path) -> tuple[bool, str]:
