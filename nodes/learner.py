@@ -232,6 +232,7 @@ class Learner(Node):
             self.pbt = PBTMember(self, self.args.member, self.args.hyperparameters or {})
         self.updates = 0
         self.updates_skipped = 0  # updates with a step not taken: non-finite gradient norm
+        self.unweighted_batches = 0  # prioritized batches whose weights the learner ignored
         self._more_waiting = False  # the last turn stopped at _UPDATES_PER_TURN
         self.last_terms: dict[str, float] = {}
         self.digest: tuple[int, str] | None = None
@@ -301,11 +302,26 @@ class Learner(Node):
             if batch is None:
                 break
             self.last_terms, priorities = self.updater.step(batch.tensors)
+            self._note_unread_weights(batch.tensors)
             # An optimizer step skipped for a non-finite gradient norm reports that norm
             # (zmqrl.parts.algos.gradients.clip_and_step): counted, never applied.
             if not math.isfinite(self.last_terms.get("grad_norm", 0.0)):
                 self.updates_skipped += 1
             self.source.done(batch, priorities)
+
+    def _note_unread_weights(self, tensors: dict) -> None:
+        """A learner that never reads a prioritized batch's importance weights trains
+        as if sampling were uniform, without an error: counted, and said once."""
+        from zmqrl.parts.learning.sources import WEIGHT, ReadTensors
+
+        if not isinstance(tensors, ReadTensors) or WEIGHT in tensors.read or \
+                WEIGHT not in tensors or not bool((dict.__getitem__(tensors, WEIGHT) != 1).any()):
+            return
+        self.unweighted_batches += 1
+        if self.unweighted_batches == 1:
+            self.log.warning("%s never read the batch's '%s', the importance weights of a "
+                             "prioritized replay: it trains as if sampling were uniform",
+                             type(getattr(self.updater, "algo", self.algo)).__name__, WEIGHT)
 
     def _after_update(self) -> None:
         self.updates += 1
@@ -380,7 +396,8 @@ class Learner(Node):
             self.pbt.restore(state["pbt"])
 
     def metrics(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"updates": self.updates, "updates_skipped": self.updates_skipped}
+        row: dict[str, Any] = {"updates": self.updates, "updates_skipped": self.updates_skipped,
+                               "unweighted_batches": self.unweighted_batches}
         row.update(self.source.metrics())
         row.update(self.updater.metrics())
         row.update({k: round(v, 5) for k, v in self.last_terms.items()})

@@ -92,7 +92,7 @@ class Replay(Node):
         beta_steps: int = 100_000
         # prioritized: importance weights relative to the largest any held item could
         # get (table) or to the largest in the batch (batch); zmqrl.parts.replay.table
-        weights: str = "table"
+        normalize_weights: str = "table"
         min_size: int = 1000  # items before the first sample
         samples_per_insert: float | None = None  # None: no ratio, only min_size
         error_buffer: float | None = None
@@ -126,9 +126,10 @@ class Replay(Node):
         if args.sampler not in SAMPLERS:
             errors.append(((*where, "sampler"), f"'{args.sampler}' is not one of "
                                                 f"{', '.join(SAMPLERS)}"))
-        if args.weights not in NORMALIZATIONS:
-            errors.append(((*where, "weights"), f"'{args.weights}' is not one of "
-                                                f"{', '.join(NORMALIZATIONS)}"))
+        if args.normalize_weights not in NORMALIZATIONS:
+            errors.append(((*where, "normalize_weights"),
+                           f"'{args.normalize_weights}' is not one of "
+                           f"{', '.join(NORMALIZATIONS)}"))
         if args.capacity < 1:
             errors.append(((*where, "capacity"), "must be >= 1"))
         try:
@@ -234,7 +235,7 @@ class Replay(Node):
         a = self.args
         self.table = ReplayTable(a.capacity, a.sampler, a.alpha, a.beta, a.beta_final,
                                  a.beta_steps, seed=self.ctx.topo.seed,
-                                 normalize=a.weights)  # type: ignore[arg-type]
+                                 normalize=a.normalize_weights)  # type: ignore[arg-type]
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
 
     # ----- inserts ------------------------------------------------------------------

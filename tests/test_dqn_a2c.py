@@ -186,7 +186,7 @@ def _dqn_batch(B=16, seed=0):
         "reward": torch.randn(B, generator=g),
         "discount": torch.where(torch.rand(B, generator=g) < 0.2, 0.0, GAMMA**3),
         "next_obs": torch.randn(B, 4, generator=g),
-        "weights": torch.rand(B, generator=g) + 0.5,
+        "weight": torch.rand(B, generator=g) + 0.5,
     }
 
 
@@ -198,7 +198,7 @@ def _weighted_loss(learner, batch):
         target = batch["reward"] + batch["discount"] * q_next
         td = target - q
         huber = torch.where(td.abs() <= 1.0, 0.5 * td**2, td.abs() - 0.5)
-        return (batch["weights"] * huber).mean().item(), td.abs()
+        return (batch["weight"] * huber).mean().item(), td.abs()
 
 
 def test_dqn_update_reduces_loss_and_returns_td_priorities():

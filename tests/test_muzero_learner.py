@@ -133,7 +133,7 @@ def _batch(seed: int = 0, size: int = B) -> dict[str, torch.Tensor]:
             "reward": torch.rand(size, K, generator=g) * 2,
             "value": torch.randn(size, K + 1, generator=g) * 3,
             "policy": policy / policy.sum(-1, keepdim=True),
-            "mask": mask, "weights": torch.ones(size)}
+            "mask": mask, "weight": torch.ones(size)}
 
 
 def _setup(**overrides):
@@ -244,7 +244,7 @@ def test_importance_weights_scale_the_loss():
     _, learner = _setup(weight_decay=0.0)
     terms, _ = learner.update(batch)
     _, learner = _setup(weight_decay=0.0)
-    halved, _ = learner.update(dict(batch, weights=torch.full((B,), 0.5)))
+    halved, _ = learner.update(dict(batch, weight=torch.full((B,), 0.5)))
     assert halved["loss"] == pytest.approx(0.5 * terms["loss"], rel=1e-5)
     assert halved["grad_norm"] == pytest.approx(0.5 * terms["grad_norm"], rel=1e-4)
     # one item's weight 0: its loss is left out
@@ -252,7 +252,7 @@ def test_importance_weights_scale_the_loss():
     weights = torch.ones(B)
     weights[0] = 0.0
     per_item, _, _ = muzero_loss(model, batch, learner.cfg.value_cost)
-    terms, _ = learner.update(dict(batch, weights=weights))
+    terms, _ = learner.update(dict(batch, weight=weights))
     assert terms["loss"] == pytest.approx(per_item[1:].sum().item() / B, rel=1e-5)
 
 

@@ -37,7 +37,7 @@ def batch(n: int = 64, seed: int = 0) -> dict[str, torch.Tensor]:
     return {"obs": torch.randn(n, 3, generator=g), "next_obs": torch.randn(n, 3, generator=g),
             "action": torch.rand(n, 1, generator=g) * 4 - 2,
             "reward": torch.randn(n, generator=g),
-            "discount": torch.full((n,), 0.99 ** 3), "weights": torch.ones(n)}
+            "discount": torch.full((n,), 0.99 ** 3), "weight": torch.ones(n)}
 
 
 # ----- the networks ---------------------------------------------------------------------
@@ -113,11 +113,11 @@ def test_importance_weights_scale_the_critic_loss():
     learner = TD3Learner(TD3Config(policy_delay=1000), model)
     before = [p.detach().clone() for p in model.critic_parameters()]
     b = batch()
-    b["weights"] = torch.zeros(64)
+    b["weight"] = torch.zeros(64)
     learner.update(b)
     assert all(torch.equal(a, b) for a, b in zip(before, model.critic_parameters(),
                                                  strict=True))
-    b["weights"] = torch.ones(64)
+    b["weight"] = torch.ones(64)
     learner.update(b)
     assert not all(torch.equal(a, b) for a, b in zip(before, model.critic_parameters(),
                                                      strict=True))

@@ -207,7 +207,7 @@ def make_batch(B, L, seed, done_prob=0.15, H=8):
         "done": torch.from_numpy(rng.random((B, L)) < done_prob),
         "state_h": torch.from_numpy(rng.normal(size=(B, H)).astype(np.float32) * 0.1),
         "state_c": torch.from_numpy(rng.normal(size=(B, H)).astype(np.float32) * 0.1),
-        "weights": torch.from_numpy(rng.uniform(0.5, 1.0, size=B).astype(np.float32)),
+        "weight": torch.from_numpy(rng.uniform(0.5, 1.0, size=B).astype(np.float32)),
     }
 
 
@@ -265,10 +265,10 @@ def test_learner_update_weights_terms_and_target_sync():
     learner.update(batch)
     assert torch.equal(learner.model.state_dict()[w], learner.target_model.state_dict()[w])
     # Importance weights scale each sequence's loss; zero weights give no gradient.
-    loss, _, _ = learner.loss(dict(batch, weights=torch.zeros(5)))
+    loss, _, _ = learner.loss(dict(batch, weight=torch.zeros(5)))
     assert loss.item() == 0.0
-    half, _, _ = learner.loss(dict(batch, weights=torch.full((5,), 0.5)))
-    full, _, _ = learner.loss({k: v for k, v in batch.items() if k != "weights"})
+    half, _, _ = learner.loss(dict(batch, weight=torch.full((5,), 0.5)))
+    full, _, _ = learner.loss({k: v for k, v in batch.items() if k != "weight"})
     assert half.item() == pytest.approx(0.5 * full.item())
 
 

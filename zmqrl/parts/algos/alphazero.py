@@ -30,7 +30,7 @@ def alphazero_loss(logits: torch.Tensor, value: torch.Tensor, policy: torch.Tens
                    outcome: torch.Tensor, weights: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position policy cross-entropy [B] and value squared error [B] (each times
-    ``weights``, the replay's importance weights, when given)."""
+    ``weights``, the replay batch's importance weights ``weight``, when given)."""
     cross_entropy = -(policy * torch.log_softmax(logits, dim=-1)).sum(-1)
     squared = (outcome - value) ** 2
     if weights is not None:
@@ -68,7 +68,7 @@ class AlphaZeroLearner:
             logits, value = self.model(batch["obs"])
         logits, value = logits.float(), value.float()
         cross_entropy, squared = alphazero_loss(logits, value, policy, outcome,
-                                                batch.get("weights"))
+                                                batch.get("weight"))
         policy_loss, value_loss = cross_entropy.mean(), squared.mean()
         l2 = sum((w ** 2).sum() for w in self.weights)
         loss = policy_loss + cfg.value_cost * value_loss + cfg.l2 * l2

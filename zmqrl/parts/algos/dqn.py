@@ -229,7 +229,7 @@ class DQNLearner(TargetQLearner):
         obs, next_obs = batch["obs"], batch["next_obs"]  # the env's dtype: models convert
         reward, discount = batch["reward"].float(), batch["discount"].float()
         action = batch["action"].long()
-        weights = batch.get("weights")
+        weights = batch.get("weight")
         weights = torch.ones_like(reward) if weights is None else weights.float()
 
         q = self.model(obs).gather(-1, action.unsqueeze(-1)).squeeze(-1)

@@ -187,7 +187,7 @@ class R2D2Learner(TargetQLearner):
             q_target, _ = self.target_model(obs[b:], first[b:], target_state)
         td = sequence_td(q, q_target, action[b:], reward[b:], done[b:], cfg.discount,
                          cfg.n_step, cfg.rescale_eps)  # [L-b, B]
-        weights = batch.get("weights")
+        weights = batch.get("weight")
         per_sequence = 0.5 * td.pow(2).mean(dim=0)
         if weights is not None:
             per_sequence = per_sequence * weights.float()

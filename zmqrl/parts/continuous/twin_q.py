@@ -32,7 +32,7 @@ def as_batch(batch: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     """(obs, action, reward, discount, next_obs, weights) of a sampled batch, the
     weights 1 where the replay sent none."""
     reward = batch["reward"].float()
-    weights = batch.get("weights")
+    weights = batch.get("weight")
     weights = torch.ones_like(reward) if weights is None else weights.float()
     return (batch["obs"], batch["action"].float(), reward, batch["discount"].float(),
             batch["next_obs"], weights)

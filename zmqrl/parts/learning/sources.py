@@ -39,6 +39,26 @@ from zmqrl.parts.learning.checks import (
 )
 from zmqrl.parts.learning.connection import DisconnectWatch
 
+WEIGHT = "weight"  # a replay batch's importance weights, named as on the wire
+
+
+class ReadTensors(dict):
+    """A batch's tensors that note which keys the learner read (``[]`` or ``get``), so
+    the learner node can tell a learner that never reads the importance weights of a
+    prioritized batch (a silent uniform update) in its log."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
 
 @dataclass
 class Batch:
@@ -385,8 +405,9 @@ class ReplayClient:
         if not self.batches:
             return None
         msg = self.batches.popleft()
-        tensors = {k: self.to_device(k, msg[k]) for k in self.keys}
-        tensors["weights"] = self.to_device("weights", msg["weight"])
+        # the arrays of the item kind, and its importance weights as on the wire: weight
+        tensors = ReadTensors({k: self.to_device(k, msg[k]) for k in self.keys})
+        tensors[WEIGHT] = self.to_device(WEIGHT, msg[WEIGHT])
         source = msg.fields.get("source")
         return Batch(tensors, keys=msg["key"], source=source if type(source) is str else None)
 

@@ -11,7 +11,7 @@ A batch (``search_targets`` items from a replay, batch-major tensors):
 * ``value [B, K+1]``: the n-step value targets z_{t+k} (0 past the end: absorbing);
 * ``policy [B, K+1, A]``: the search's visit distributions (uniform past the end);
 * ``mask [B, K+1]`` bool: t+k lies inside the episode (``mask[:, 0]`` is true);
-* ``weights [B]`` (optional): the replay's importance weights;
+* ``weight [B]`` (optional): the replay's importance weights;
 * ``obs_unroll [B, K, *obs]`` (with ``consistency_cost``; any run that sends it): the
   observations at t+1..t+K (zeros past the episode's end).
 
@@ -154,7 +154,7 @@ class MuZeroLearner:
         cfg = self.cfg
         per_item, terms, value = muzero_loss(self.model, batch, cfg.value_cost, self.precision,
                                              cfg.consistency_cost)
-        weights = batch.get("weights")
+        weights = batch.get("weight")
         if weights is not None:
             per_item = per_item * weights.float()
         l2 = sum((w.float() ** 2).sum() for w in self.weights)

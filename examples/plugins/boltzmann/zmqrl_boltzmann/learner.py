@@ -25,7 +25,7 @@ class ExpectedSarsaLearner(TargetQLearner):
             next_q = self.target_model(batch["next_obs"])
             policy = torch.softmax(next_q / self.cfg.temperature, dim=-1)
             targets = reward + discount * (policy * next_q).sum(-1)
-        weights = batch.get("weights")
+        weights = batch.get("weight")
         huber = F.huber_loss(q, targets, reduction="none")
         loss = (huber if weights is None else weights.float() * huber).mean()
         priorities = (targets - q).detach().abs().float().cpu()
