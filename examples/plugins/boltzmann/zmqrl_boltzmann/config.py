@@ -15,7 +15,6 @@ class BoltzmannQConfig(AlgoConfig):
     """Expected SARSA with a Boltzmann policy (the topology's ``algo`` section)."""
 
     kind: str = "boltzmann_q"
-    family: ClassVar[str] = "replay"
     # The parts, by registered name or import path: this plug-in's learner, behaviour
     # and model interface; zmqrl's replay and its n-step transitions.
     learner: ClassVar[str] = "zmqrl_boltzmann.learner:ExpectedSarsaLearner"
