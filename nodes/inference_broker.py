@@ -169,7 +169,8 @@ class InferenceBroker(Node):
         self.spec = env_spec(topo.env)
         self.device = pick_device(self.args.device)
         self.precision = resolve_precision(self.args.precision, self.device)
-        self.model = build_model(topo.model, self.spec, topo.seed).to(self.device)
+        self.model = build_model(topo.model, self.spec, topo.seed,
+                                 algo=topo.algo_config).to(self.device)
         self.model.eval()
         cfg = topo.algo_config
         self.behaviour_type = behaviour_for(topo.parts_config, acting=topo.acting)

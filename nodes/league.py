@@ -91,7 +91,8 @@ class League(Node):
         torch.set_num_threads(1)
         topo, a = self.ctx.topo, self.args
         self.game = Game(game_name(topo.env))
-        self.model = build_model(topo.model, env_spec(topo.env), topo.seed)
+        self.model = build_model(topo.model, env_spec(topo.env), topo.seed,
+                                 algo=topo.algo_config)
         self.model.to(pick_device(a.device)).eval()
         self.params = ParamsFollower(self.model, self)
         self.every_versions = a.snapshot_every or (topo.acting.snapshot_every

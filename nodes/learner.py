@@ -211,7 +211,7 @@ class Learner(Node):
         self.kind, self.parts = self.cfg.kind, topo.parts_config
         self.device = pick_device(self.args.device, self.ctx.replica)
         self.env = env_spec(topo.env)
-        self.model = build_model(topo.model, self.env, topo.seed).to(self.device)
+        self.model = build_model(topo.model, self.env, topo.seed, algo=self.cfg).to(self.device)
         recurrent = getattr(self.model, "recurrent", False)
         self.check = checks.context(  # what every message we take in must match
             self.env, self.model, unroll=getattr(self.cfg, "unroll", None),

@@ -172,7 +172,8 @@ class MCTSActor(Node):
 
         torch.set_num_threads(1)
         topo = self.ctx.topo
-        self.model = build_model(topo.model, self.spec, topo.seed).to(self.args.device)
+        self.model = build_model(topo.model, self.spec, topo.seed,
+                                 algo=topo.algo_config).to(self.args.device)
         self.model.eval()
         self.params = ParamsFollower(self.model, self)
         self.evaluate = model_evaluator(self.model, precision=resolve_precision(

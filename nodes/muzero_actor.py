@@ -186,7 +186,8 @@ class MuZeroActor(Node):
 
         torch.set_num_threads(1)
         topo, a = self.ctx.topo, self.args
-        self.model = build_model(topo.model, self.spec, topo.seed).to(a.device)
+        self.model = build_model(topo.model, self.spec, topo.seed,
+                                 algo=topo.algo_config).to(a.device)
         self.model.eval()
         self.params = ParamsFollower(self.model, self)
         setup = ActingSetup(self.spec, self.model, self.cfg, precision=resolve_precision(

@@ -78,7 +78,7 @@ class ParamServer(Node):
         topo = self.ctx.topo
         spec = env_spec(topo.env)
         self.device = pick_device(self.args.device)
-        self.model = build_model(topo.model, spec, topo.seed).to(self.device)
+        self.model = build_model(topo.model, spec, topo.seed, algo=topo.algo_config).to(self.device)
         self.algo = make_algo(topo.algo, self.model)
         self.shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()
                        if p.requires_grad}

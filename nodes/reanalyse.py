@@ -94,7 +94,7 @@ class Reanalyse(Node):
         topo, a = self.ctx.topo, self.args
         self.cfg = cfg = topo.algo_config
         self.spec = env_spec(topo.env)
-        self.model = build_model(topo.model, self.spec, topo.seed).to(a.device)
+        self.model = build_model(topo.model, self.spec, topo.seed, algo=cfg).to(a.device)
         self.model.eval()
         self.params = ParamsFollower(self.model, self)
         self.initial, self.recurrent = numpy_inference(self.model)

@@ -228,7 +228,7 @@ def port_context(raw_path: Path) -> messages.Context:
 
     topo = load(raw_path)
     env = topo.env_spec()
-    model = build_model(topo.model, env)
+    model = build_model(topo.model, env, algo=topo.algo_config)
     algo = topo.algo_config
     return messages.Context.from_env(
         env, unroll=getattr(algo, "unroll", None),

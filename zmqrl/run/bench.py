@@ -54,7 +54,7 @@ def no_network_limit(topo: Any, num_envs: int, seconds: float) -> dict[str, floa
     envs' step, and the rest (the forward pass and the behaviour's bookkeeping)."""
     torch.set_num_threads(1)
     spec = env_spec(topo.env)
-    model = build_model(topo.model, spec, topo.seed)
+    model = build_model(topo.model, spec, topo.seed, algo=topo.algo_config)
     model.eval()
     cls = behaviour_for(topo.parts_config, acting=topo.acting)
     if not cls.steps_envs:

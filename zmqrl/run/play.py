@@ -118,7 +118,7 @@ def load_run(run_dir: str | Path, checkpoint: str | None = None) -> tuple[Any, A
         raise PlayError(f"{path} holds no model parameters (keys: "
                         f"{', '.join(sorted(map(str, state))[:8])}): not a learner's "
                         "checkpoint")
-    model = build_model(topo.model, env_spec(topo.env), topo.seed)
+    model = build_model(topo.model, env_spec(topo.env), topo.seed, algo=topo.algo_config)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:

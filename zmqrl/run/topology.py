@@ -455,7 +455,7 @@ def _env_model_errors(topo: Topology) -> list[tuple[tuple, str]]:
     except (ValueError, TypeError) as exc:
         return [(("env",), f"'{env_id}': {exc}")]
     try:
-        build_model(topo.model, spec)
+        build_model(topo.model, spec, algo=topo.algo_config)
     except (ValueError, TypeError) as exc:
         return [(("model",), str(exc))]
     from zmqrl.run import contracts  # the parts' protocols: imports torch-side parts

@@ -32,7 +32,7 @@ class LocalActing:
         topo, n = actor.ctx.topo, actor.args.envs
         cfg = topo.algo_config
         self.env, self.obs, self.episodes = actor.make_envs(n, actor.seed)
-        self.model = build_model(topo.model, actor.spec, topo.seed)
+        self.model = build_model(topo.model, actor.spec, topo.seed, algo=topo.algo_config)
         self.model.eval()
         self.params = ParamsFollower(self.model, actor)
         destination = "param_server" if "param_server" in actor.sockets else "experience"

@@ -12,6 +12,7 @@ family (feed-forward, recurrent, conv).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -66,6 +67,13 @@ def model_type(kind: str, import_paths: tuple[str, ...] | list[str] = ()
         raise ValueError(f"model.kind: {exc}") from None
 
 
+def _takes_algo(make: Any) -> bool:
+    try:
+        return "algo" in inspect.signature(make).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
+
+
 def model_interface(make: Any) -> str | None:
     """What a model kind provides (its ``interface``), or None if it does not say."""
     return getattr(make, "interface", None)
@@ -89,10 +97,17 @@ def bootstrap_truncated(reward: np.ndarray, truncated: np.ndarray, final_obs: np
 
 
 def build_model(model_cfg: dict[str, Any], spec: EnvSpec, seed: int = 0,
-                import_paths: tuple[str, ...] | list[str] = ()) -> nn.Module:
+                import_paths: tuple[str, ...] | list[str] = (), algo: Any = None
+                ) -> nn.Module:
+    """The topology's model for ``spec``. A model whose callable takes an ``algo``
+    parameter gets the run's algorithm config there: a hyperparameter both need (QR-DQN's
+    number of quantiles, a distributional support) is stated once, in ``algo:``, and
+    read by both."""
     kind = model_cfg.get("kind", DEFAULT_MODEL)
     make = model_type(kind, import_paths)
     options = {k: v for k, v in model_cfg.items() if k != "kind"}
+    if algo is not None and "algo" not in options and _takes_algo(make):
+        options["algo"] = algo
     torch.manual_seed(seed)  # every process builds the same initial parameters
     try:
         return make(spec, **options)
