@@ -455,9 +455,18 @@ def _env_model_errors(topo: Topology) -> list[tuple[tuple, str]]:
     except (ValueError, TypeError) as exc:
         return [(("env",), f"'{env_id}': {exc}")]
     try:
-        build_model(topo.model, spec, algo=topo.algo_config)
+        model = build_model(topo.model, spec, algo=topo.algo_config)
     except (ValueError, TypeError) as exc:
         return [(("model",), str(exc))]
+    # The model keeps its interface's contract (methods, and the shapes of a forward
+    # pass on a dummy batch): a broken one is named here, not minutes into a run.
+    from zmqrl.parts.models.interfaces import check_model
+
+    interface = getattr(model, "interface", None)
+    if interface:
+        problems = check_model(interface, model, spec)
+        if problems:
+            return [(("model", "kind"), problem) for problem in problems]
     from zmqrl.run import contracts  # the parts' protocols: imports torch-side parts
     return contracts.errors(topo)
 
