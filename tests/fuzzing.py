@@ -108,14 +108,16 @@ def part_configuration(topo: Any) -> tuple:
             tuple(sorted(cfg.optional_arrays().items())))
 
 
-def _expanded_kinds(path: Path) -> tuple[dict[str, str], tuple]:
-    """Node name -> kind of a shipped topology as it runs (a population expanded), and
-    its part configuration."""
+def _expanded_kinds(path: Path) -> tuple[dict[str, str], tuple, set[str]]:
+    """Node name -> kind of a shipped topology as it runs (a population expanded), its
+    part configuration, and the nodes it runs in several replicas (one replica of a
+    data-parallel learner alone waits for its peers: no home for the fuzz)."""
     from zmqrl.run.topology import load
 
     topo = load(path)
     return ({name: spec.kind for name, spec in topo.nodes.items() if spec.kind},
-            part_configuration(topo))
+            part_configuration(topo),
+            {name for name, spec in topo.nodes.items() if spec.replicas > 1})
 
 
 def _cheap_first(path: Path) -> tuple[bool, str]:
@@ -133,10 +135,10 @@ def homes() -> dict[str, Home]:
     configs: set[tuple] = set()
     runs: list[tuple[Path, dict[str, str]]] = []
     for path in sorted(shipped_topologies(), key=_cheap_first):
-        names, config = _expanded_kinds(path)
+        names, config, replicated = _expanded_kinds(path)
         runs.append((path, names))
         for name, kind in names.items():
-            if kind not in wanted or (kind, config) in configs:
+            if kind not in wanted or (kind, config) in configs or name in replicated:
                 continue
             configs.add((kind, config))
             home = kind if kind not in found else f"{kind}@{path.stem}"

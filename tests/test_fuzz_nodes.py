@@ -488,7 +488,9 @@ def test_every_part_configuration_a_topology_gives_a_kind_is_fuzzed():
     for path in fuzzing.shipped_topologies():
         topo = load(path)
         for name, spec in topo.nodes.items():
-            if spec.kind in fuzzing.registered_kinds() and \
+            # (a node run in replicas, a data-parallel learner, has its configuration
+            # from a topology that runs it alone: one replica by itself waits for peers)
+            if spec.kind in fuzzing.registered_kinds() and spec.replicas == 1 and \
                     spec.kind not in fuzzing.skipped_kinds():
                 config = fuzzing.part_configuration(topo)
                 assert (spec.kind, config) in configs, (path.name, name, config)
