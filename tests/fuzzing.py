@@ -120,10 +120,23 @@ def _expanded_kinds(path: Path) -> tuple[dict[str, str], tuple, set[str]]:
             {name for name, spec in topo.nodes.items() if spec.replicas > 1})
 
 
+def _pixels(path: Path) -> bool:
+    """An Atari topology: its unrolls of frames do not fit the fuzz's message cap
+    (LIMIT), so a benign message of its could not reach the node."""
+    env = (yaml.safe_load(path.read_text()).get("env") or {}).get("id", "")
+    return "Atari" in env and "MinAtar" not in env
+
+
+def placeable(path: Path, replicas: int) -> bool:
+    """Whether a node of the topology at ``path`` can be a fuzz home: run alone (one
+    replica of a data-parallel learner waits for its peers) and with messages that fit
+    the fuzz's cap."""
+    return replicas == 1 and not _pixels(path)
+
+
 def _cheap_first(path: Path) -> tuple[bool, str]:
     """Topologies without pixel envs first (their envs and models start fastest)."""
-    env = (yaml.safe_load(path.read_text()).get("env") or {}).get("id", "")
-    return ("Atari" in env, path.name)
+    return (_pixels(path), path.name)
 
 
 def homes() -> dict[str, Home]:
@@ -138,7 +151,8 @@ def homes() -> dict[str, Home]:
         names, config, replicated = _expanded_kinds(path)
         runs.append((path, names))
         for name, kind in names.items():
-            if kind not in wanted or (kind, config) in configs or name in replicated:
+            if kind not in wanted or (kind, config) in configs or \
+                    not placeable(path, 2 if name in replicated else 1):
                 continue
             configs.add((kind, config))
             home = kind if kind not in found else f"{kind}@{path.stem}"

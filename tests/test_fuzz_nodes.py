@@ -488,9 +488,10 @@ def test_every_part_configuration_a_topology_gives_a_kind_is_fuzzed():
     for path in fuzzing.shipped_topologies():
         topo = load(path)
         for name, spec in topo.nodes.items():
-            # (a node run in replicas, a data-parallel learner, has its configuration
-            # from a topology that runs it alone: one replica by itself waits for peers)
-            if spec.kind in fuzzing.registered_kinds() and spec.replicas == 1 and \
+            # (fuzzing.placeable: not one replica of a data-parallel learner, not Atari's
+            # frames, which exceed the fuzz's message cap)
+            if spec.kind in fuzzing.registered_kinds() and \
+                    fuzzing.placeable(path, spec.replicas) and \
                     spec.kind not in fuzzing.skipped_kinds():
                 config = fuzzing.part_configuration(topo)
                 assert (spec.kind, config) in configs, (path.name, name, config)
@@ -545,7 +546,13 @@ def _taken(target: Target, frames: list) -> bool:
 @pytest.mark.parametrize("kind,port", PORTS, ids=IDS)
 def test_benign_messages_from_the_declarations_get_into_the_node(targets, kind, port):
     """The generator's benign messages keep every rule, so a port takes at least one of
-    its declarations: the fuzz reaches the node's real work, not only its checks."""
+    its declarations: the fuzz reaches the node's real work, not only its checks. (At
+    a kind's first home: a further configuration may leave a port unused, as a
+    replay-fed learner's ``experience``, or take only messages that name state the node
+    holds, as MuZero's search queries name latents.)"""
+    if not HOMES[kind].first:
+        pytest.skip("checked at the kind's first home; this configuration may leave "
+                    "the port unused or take only messages that name state it holds")
     target = targets[0][(kind, port)]
     specs = [s for s in accepted(target) if s.type != wire.ERROR]
     outcome: dict[str, list[bool]] = {s.key: [] for s in specs}
