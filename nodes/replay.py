@@ -529,25 +529,34 @@ class Replay(Node):
         }
 
 
+_UNLOADABLE = object()  # a class the topology check reports: nothing to ask
+
+
+def _declared(spec: NodeSpec, topo: Topology, hook: str) -> Any:
+    """What node ``spec`` declares through its class's ``hook`` (``largest_insert``,
+    ``revise_batch``) or, for a ``command:`` node (an external program), its
+    ``args.<hook>``: a positive int or None; ``_UNLOADABLE`` for a class that fails to
+    load."""
+    if spec.target is None:
+        found = spec.args.get(hook)
+        return found if type(found) is int and found >= 1 else None
+    try:
+        return getattr(load_class(spec.target), hook)(spec, topo)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return _UNLOADABLE
+
+
 def linked_revisers(name: str, topo: Topology) -> tuple[int, int]:
     """The revisers linked to replay ``name``'s ``sample`` port: the largest batch one
     asks for (``Node.revise_batch``; a ``command:`` node its ``args.revise_batch``) and
     their replicas in all; ``(0, 0)`` where none is."""
     largest = replicas = 0
     for spec in topo.nodes.values():
-        if not any(spec.links_to(link, f"{name}.sample") for link in spec.links):
-            continue
-        if spec.target is None:
-            found = spec.args.get("revise_batch")
-            found = found if type(found) is int and found >= 1 else None
-        else:
-            try:
-                found = load_class(spec.target).revise_batch(spec, topo)
-            except (ImportError, AttributeError, TypeError, ValueError):
-                continue  # the topology check reports a class it cannot load
-        if found:
-            largest = max(largest, found)
-            replicas += spec.replicas
+        if any(spec.links_to(link, f"{name}.sample") for link in spec.links):
+            found = _declared(spec, topo, "revise_batch")
+            if found and found is not _UNLOADABLE:
+                largest = max(largest, found)
+                replicas += spec.replicas
     return largest, replicas
 
 
@@ -562,14 +571,9 @@ def largest_insert(name: str, topo: Topology) -> tuple[int, list[str]]:
     for spec in topo.nodes.values():
         if not spec.links_to("experience", f"{name}.experience"):
             continue
-        if spec.target is None:  # an external program: only its topology entry can say
-            found = spec.args.get("largest_insert")
-            found = found if type(found) is int and found >= 1 else None
-        else:
-            try:
-                found = load_class(spec.target).largest_insert(spec, topo)
-            except (ImportError, AttributeError, TypeError, ValueError):
-                continue  # the topology check reports a class it cannot load
+        found = _declared(spec, topo, "largest_insert")
+        if found is _UNLOADABLE:
+            continue  # the topology check reports a class it cannot load
         if found is None:
             unknown.append(spec.name)
         largest = max(largest, found or 1)

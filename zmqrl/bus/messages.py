@@ -992,16 +992,20 @@ def markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def replace_between(path: str, begin: str, end: str, text: str) -> None:
+    """Replace what stands between the markers ``begin`` and ``end`` of the file at
+    ``path`` with ``text`` (a generated block of a document)."""
+    with open(path, encoding="utf-8") as f:
+        head, rest = f.read().split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{begin}\n{text}{end}{tail}")
+
+
 def write_into(path: str) -> None:
     """Replace the tables between the markers of ``path`` (docs/protocol.md) with the
     generated ones."""
-    begin, end = "<!-- messages:begin -->", "<!-- messages:end -->"
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f"{head}{begin}\n{markdown()}{end}{tail}")
+    replace_between(path, "<!-- messages:begin -->", "<!-- messages:end -->", markdown())
 
 
 if __name__ == "__main__":

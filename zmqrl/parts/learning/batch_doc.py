@@ -50,19 +50,10 @@ def markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def write_into(path: str) -> None:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f"{head}{BEGIN}\n{markdown()}{END}{tail}")
-
-
 if __name__ == "__main__":
     from zmqrl.parts.learning import batch_doc as _module  # (see zmqrl.bus.messages)
 
     if sys.argv[1:2] == ["--write"]:
-        _module.write_into(sys.argv[2])
+        messages.replace_between(sys.argv[2], BEGIN, END, _module.markdown())
     else:
         sys.stdout.write(_module.markdown())
