@@ -22,7 +22,7 @@ import torch
 
 from zmqrl.parts.algo_config import AlphaZeroConfig
 from zmqrl.parts.algos import gradients
-from zmqrl.parts.algos.optim import make_adam
+from zmqrl.parts.algos.optim import linear_lr, make_adam
 from zmqrl.parts.devices import autocast
 
 
@@ -56,10 +56,7 @@ class AlphaZeroLearner:
     def lr(self) -> float:
         """The lr of the next update: ``lr`` annealed linearly to ``lr_final``."""
         cfg = self.cfg
-        if cfg.anneal_updates <= 0:
-            return cfg.lr
-        done = min(1.0, self.updates / cfg.anneal_updates)
-        return cfg.lr + (cfg.lr_final - cfg.lr) * done
+        return linear_lr(cfg.lr, cfg.lr_final, self.updates, cfg.anneal_updates)
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg = self.cfg

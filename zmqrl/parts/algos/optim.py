@@ -63,3 +63,12 @@ def make_adam(params: Iterable[torch.Tensor], lr: float, eps: float,
     if light:
         return LightAdam(params, lr=lr, eps=eps)
     return torch.optim.Adam(params, lr=lr, eps=eps)
+
+
+def linear_lr(start: float, final: float, updates: int, anneal_updates: int) -> float:
+    """The lr of the next update: ``start`` falling linearly to ``final`` over
+    ``anneal_updates`` updates, then ``final``; ``start`` throughout when that is 0."""
+    if anneal_updates <= 0:
+        return start
+    done = min(1.0, updates / anneal_updates)
+    return start + (final - start) * done

@@ -30,6 +30,9 @@ class MuZeroConfig(AlgoConfig):
     the learner's unrolled loss."""
 
     kind: str = "muzero"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "lr", "lr_final", "anneal_updates", "batch_size", "value_cost", "weight_decay",
+        "max_grad_norm", "priority_eps"})
     family: ClassVar[str] = SEARCH
     learner: ClassVar[str] = "zmqrl.parts.muzero.learner:MuZeroLearner"
     items: ClassVar[str] = "search_targets"
@@ -61,7 +64,11 @@ class MuZeroConfig(AlgoConfig):
     reanalyse: bool = False
     # Learner.
     batch_size: int = ranged(128, ge=1)  # positions (each with K unrolled steps) per update
-    lr: float = ranged(1e-3, gt=0)  # Adam
+    lr: float = ranged(1e-3, gt=0)  # Adam (the start value when annealed)
+    # With anneal_updates > 0 the lr falls linearly from lr to lr_final over that many
+    # updates, then stays (muzero-general decays its lr; the paper's Atari lr steps down)
+    anneal_updates: int = ranged(0, ge=0)
+    lr_final: float = ranged(1e-4, ge=0)
     # L2 penalty on the weights (biases excluded), added to the loss: weight_decay * sum w^2.
     weight_decay: float = ranged(1e-4, ge=0)
     # Weight of the value cross-entropy (the paper's 0.25 for reanalysed Atari).

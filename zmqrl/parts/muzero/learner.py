@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from zmqrl.parts.algos import gradients
+from zmqrl.parts.algos.optim import linear_lr
 from zmqrl.parts.devices import autocast
 from zmqrl.parts.muzero.config import MuZeroConfig
 from zmqrl.parts.muzero.support import scalar_to_support, support_to_scalar
@@ -146,7 +147,7 @@ class MuZeroLearner:
         # the L2 penalty covers weights, not biases
         self.weights = [p for p in self.params if p.dim() > 1]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr)
-        self.updates = 0
+        self.updates = 0  # drives lr annealing; restored with the checkpoint
 
     def update(self, batch: dict[str, torch.Tensor]
                ) -> tuple[dict[str, float], torch.Tensor]:
@@ -159,6 +160,8 @@ class MuZeroLearner:
             per_item = per_item * weights.float()
         l2 = sum((w.float() ** 2).sum() for w in self.weights)
         loss = per_item.mean() + cfg.weight_decay * l2
+        for group in self.optimizer.param_groups:
+            group["lr"] = linear_lr(cfg.lr, cfg.lr_final, self.updates, cfg.anneal_updates)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = gradients.clip_and_step(self.params, self.optimizer, cfg.max_grad_norm)
