@@ -15,7 +15,12 @@ its previous incarnation issued after its last checkpoint. So a ``priorities`` m
 that names another ``source`` than ours is stale: skipped and counted
 (``stale_priority_updates``), never applied to whatever holds those keys now, and not
 an error (a learner should not fail over a replay restart). Learners echo the batch's
-``source`` in their ``priorities``.
+``source`` in their ``priorities``. Priorities are the sampling learner's: they are
+applied only for keys this replay sent to the connection that sends them
+(``zmqrl.parts.replay.served``); others are skipped, counted
+(``unserved_priority_updates``) and logged. And no stored priority is below
+``priority_floor`` times the mean, so no item can rescale the others' weights by
+orders of magnitude (``zmqrl.parts.replay.table``).
 
 A **reviser** (a reanalyse node, e.g. MuZero Reanalyse) rewrites stored items with
 fresher targets: a ``sample`` with ``revise: true`` is answered at once with items drawn
@@ -65,6 +70,7 @@ from zmqrl.parts import algo_config, bounds
 from zmqrl.parts.checkpoint import NPZ, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
 from zmqrl.parts.replay import RateLimiter, ReplayTable
+from zmqrl.parts.replay.served import ServedKeys
 from zmqrl.parts.replay.table import NORMALIZATIONS
 from zmqrl.parts.replay.waiting import Request, WaitingSamples
 from zmqrl.run.topology import NodeSpec, Topology, load_class
@@ -93,6 +99,9 @@ class Replay(Node):
         # prioritized: importance weights relative to the largest any held item could
         # get (table) or to the largest in the batch (batch); zmqrl.parts.replay.table
         normalize_weights: str = "table"
+        # prioritized: a stored priority is at least this times the mean one, so one
+        # tiny priority cannot scale every other item's weight by orders of magnitude
+        priority_floor: float = 0.01
         min_size: int = 1000  # items before the first sample
         samples_per_insert: float | None = None  # None: no ratio, only min_size
         error_buffer: float | None = None
@@ -132,6 +141,8 @@ class Replay(Node):
                            f"{', '.join(NORMALIZATIONS)}"))
         if args.capacity < 1:
             errors.append(((*where, "capacity"), "must be >= 1"))
+        if not 0 <= args.priority_floor < 1:
+            errors.append(((*where, "priority_floor"), "must be in [0, 1)"))
         try:
             limiter = RateLimiter(args.min_size, args.samples_per_insert, args.error_buffer)
             batch = algo_config.field_value(topo.algo, "batch_size")  # default included
@@ -216,6 +227,10 @@ class Replay(Node):
         self.insert_wait_s = 0.0  # time actors' inserts spent waiting
         self._waits_since: dict[str, float] = {}
         self.stale_priorities = 0  # priorities messages for another incarnation's keys
+        # priorities are taken only for keys served to the connection that sends them
+        # (zmqrl.parts.replay.served): a window of the newest batches sent
+        self.served = ServedKeys(max(65_536, 64 * self.largest_batch))
+        self.unserved_priorities = 0  # keys in priorities that their sender was not served
         self.restored_items = 0
         self.dropped_restored_items = 0  # restored, but of another layout than the run's
         self.checkpointer: Checkpointer | None = None
@@ -235,7 +250,8 @@ class Replay(Node):
         a = self.args
         self.table = ReplayTable(a.capacity, a.sampler, a.alpha, a.beta, a.beta_final,
                                  a.beta_steps, seed=self.ctx.topo.seed,
-                                 normalize=a.normalize_weights)  # type: ignore[arg-type]
+                                 normalize=a.normalize_weights,  # type: ignore[arg-type]
+                                 floor=a.priority_floor)
         self.limiter = RateLimiter(a.min_size, a.samples_per_insert, a.error_buffer)
 
     # ----- inserts ------------------------------------------------------------------
@@ -288,7 +304,7 @@ class Replay(Node):
     # ----- samples and priorities ---------------------------------------------------
     def on_sample(self, envelope: list, msg: wire.Message) -> None:
         if msg.type == wire.PRIORITIES:
-            self._priorities(msg)
+            self._priorities(envelope, msg)
             return
         if msg.type == wire.REVISE:
             self._revise(envelope, msg)
@@ -326,7 +342,7 @@ class Replay(Node):
                                             "unserved (a queue bound of this replay); "
                                             "ask again", retry=True), evicted.envelope)
 
-    def _priorities(self, msg: wire.Message) -> None:
+    def _priorities(self, envelope: list, msg: wire.Message) -> None:
         messages.check(msg, _PRIORITIES, self.checks)
         keys, prios = msg["key"], msg["priority"]
         source = msg.fields.get("source")
@@ -337,6 +353,16 @@ class Replay(Node):
             self.stale_priorities += 1
             self.table.stale_priority_updates += int(keys.shape[0])
             return
+        mine = self.served.claimed(b"".join(bytes(f) for f in envelope), keys)
+        if not mine.all():
+            # Keys this connection was not sent (a stranger's, or a learner's answered
+            # after the window): never applied, since whoever sends them would be
+            # setting the priorities of items someone else trained on.
+            unserved = int(keys.shape[0] - mine.sum())
+            self.unserved_priorities += unserved
+            self.log_rejection("sample", f"skipped the priorities of {unserved} keys "
+                                         "this connection was not served")
+            keys, prios = keys[mine], prios[mine]
         try:
             self.table.update_priorities(keys, prios)
         except ValueError as exc:  # keys we never issued
@@ -449,6 +475,8 @@ class Replay(Node):
                 waiting.drop_peer(request.peer)
             else:
                 self.limiter.on_sample(len(sample.keys))
+                self.served.served(b"".join(bytes(f) for f in request.envelope),
+                                   sample.keys)
             now = time.monotonic()
             self.sample_wait_s += now - self._waits_since.pop("sample", now)
             if waiting:
@@ -519,6 +547,7 @@ class Replay(Node):
             "insert_wait_s": round(self.insert_wait_s, 3),
             "waiting_dropped": self.waiting_samples.dropped,
             "stale_priority_updates": self.table.stale_priority_updates,
+            "unserved_priority_updates": self.unserved_priorities,
             "revised": self.revised,
             "revision_peeks": self.peeked,
             "refused_peeks": self.refused_peeks,

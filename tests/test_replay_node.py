@@ -265,18 +265,20 @@ def test_priorities_for_an_earlier_incarnations_keys_are_skipped(processes, tmp_
         assert learner.request(wire.encode(wire.PING), timeout=30).type == wire.PONG
         # Keys issued again, to other items: the old incarnation's update is not applied.
         insert(producer, transitions(50, seed=3))
-        learner.send(wire.encode(wire.PRIORITIES, {
-            "key": np.array([120], np.int64), "priority": np.array([1e6], np.float32)},
-            source=old_source))
         batch = sample()
         source = batch.fields["source"]
         assert source != old_source
-        assert (batch["key"] == 120).sum() < 10  # 150 items of equal priority: ~0.4 each
+        # a key issued again and served to us (priorities count only for those)
+        again = int(next(k for k in batch["key"] if 100 <= k < 150))
+        learner.send(wire.encode(wire.PRIORITIES, {
+            "key": np.array([again], np.int64), "priority": np.array([1e6], np.float32)},
+            source=old_source))
+        assert (sample()["key"] == again).sum() < 10  # 150 items of equal priority: ~0.4 each
         # The same update from this incarnation's batch is applied.
         learner.send(wire.encode(wire.PRIORITIES, {
-            "key": np.array([120], np.int64), "priority": np.array([1e6], np.float32)},
+            "key": np.array([again], np.int64), "priority": np.array([1e6], np.float32)},
             source=source))
-        assert (sample()["key"] == 120).sum() > 50
+        assert (sample()["key"] == again).sum() > 50
         rows = wait_for(lambda: [r for r in replay.metrics()
                                  if r.get("stale_priority_updates") == "3"], 30,
                         "the skipped updates in the metrics")
@@ -285,6 +287,52 @@ def test_priorities_for_an_earlier_incarnations_keys_are_skipped(processes, tmp_
     finally:
         if producer is not None:
             disconnect()
+
+
+def test_priorities_are_the_sampling_learners_and_no_item_collapses_the_weights(
+        processes, tmp_path):
+    """Issue 43 §2.2: a stranger's ``{key: [0], priority: [0]}`` took apex.yaml's mean
+    importance weight from 0.80 to 0.035. Priorities now count only for keys served to
+    the connection that sends them, and a stored priority is at least 1 % of the mean,
+    so the learner's own priority of 0 scales the others' weights by at most 100^-beta."""
+    topo = topology(tmp_path, min_size=1, sampler="prioritized", beta=0.4, beta_final=0.4)
+    replay = Replay(processes, tmp_path, topo).start()
+    producer, learner, stranger = (Client(replay.experience), Client(replay.sample),
+                                   Client(replay.sample))
+
+    def sample() -> wire.Message:
+        batch = learner.request(wire.encode(wire.SAMPLE, batch_size=64), timeout=30)
+        assert batch.type == wire.BATCH, batch.fields
+        return batch
+
+    try:
+        insert(producer, transitions(200))  # every item at the same (the largest) priority
+        batch = sample()
+        source = batch.fields["source"]
+        # The stranger zeroes the learner's batch and key 0, which it was never served.
+        for keys in (batch["key"], np.array([0], np.int64)):
+            stranger.send(wire.encode(wire.PRIORITIES, {
+                "key": keys, "priority": np.zeros(len(keys), np.float32)}, source=source))
+        assert stranger.request(wire.encode(wire.PING), timeout=30).type == wire.PONG
+        weights = np.concatenate([sample()["weight"] for _ in range(5)])
+        np.testing.assert_allclose(weights, 1.0)  # nothing applied: all equal still
+        rows = wait_for(lambda: [r for r in replay.metrics()
+                                 if r.get("unserved_priority_updates") == "65"], 30,
+                        "the skipped keys in the metrics")
+        assert rows
+        assert "not served" in replay.log()
+        # The learner's own 0 for one of its keys is applied, floored at 1 % of the mean.
+        batch = sample()
+        learner.send(wire.encode(wire.PRIORITIES, {
+            "key": batch["key"][:1], "priority": np.zeros(1, np.float32)}, source=source))
+        assert learner.request(wire.encode(wire.PING), timeout=30).type == wire.PONG
+        weights = np.concatenate([sample()["weight"] for _ in range(5)])
+        # the others: (1 / 0.01)^-0.4 = 0.158 (without the floor (1 / 1e-6^0.6)^-0.4 = 0.036)
+        assert np.median(weights) == pytest.approx(0.01 ** 0.4, rel=0.02)
+        assert replay.proc.poll() is None and "Traceback" not in replay.log()
+    finally:
+        for client in (producer, learner, stranger):
+            client.close()
 
 
 # ----- check: the rate limiter's validation assumed one item per insert ---------------

@@ -180,10 +180,34 @@ def test_prioritized_frequencies_match_priorities() -> None:
     assert max_z(np.full(n_items, 1.0 / n_items)) > 10.0
 
 
+def test_a_stored_priority_is_floored_at_a_fraction_of_the_mean() -> None:
+    """A priority of 0 once made the smallest stored priority eps**alpha, and with it every
+    other item's weight (p / p_min)**-beta orders of magnitude smaller. Stored priorities
+    are at least ``floor`` times the mean: the others' weights fall at most to
+    ``floor**beta`` of what they were."""
+    alpha, beta = 0.6, 0.4
+    table = ReplayTable(100, sampler="prioritized", alpha=alpha, beta=beta, beta_final=beta,
+                        seed=5)
+    insert_n(table, 100, np.ones(100))
+    table.update_priorities(np.array([7]), np.array([0.0]))
+    weights = table.sample(64).weights
+    others = weights[weights < 1.0]
+    assert np.median(others) == pytest.approx(0.01 ** beta, rel=0.01)  # 0.158
+    # unfloored the same update gives (1 / 1e-6**0.6)**-0.4 = 0.036
+    bare = ReplayTable(100, sampler="prioritized", alpha=alpha, beta=beta, beta_final=beta,
+                       seed=5, floor=0.0)
+    insert_n(bare, 100, np.ones(100))
+    bare.update_priorities(np.array([7]), np.array([0.0]))
+    assert np.median(bare.sample(64).weights) < 0.04
+    with pytest.raises(ValueError, match="floor must be in"):
+        ReplayTable(10, sampler="prioritized", floor=1.0)
+
+
 def test_importance_weights_and_probabilities_match_formula() -> None:
     alpha, beta, eps = 0.7, 0.5, 1e-3
+    # (no floor: the formula itself; the floor is test_a_stored_priority_is_floored...)
     table = ReplayTable(20, sampler="prioritized", alpha=alpha, beta=beta, beta_final=beta,
-                        eps=eps, seed=5)
+                        eps=eps, seed=5, floor=0.0)
     rng = np.random.default_rng(2)
     raw = rng.uniform(0.0, 3.0, 20)
     insert_n(table, 20, raw)

@@ -440,7 +440,9 @@ MESSAGES: tuple[MessageSpec, ...] = (
                 variant="positions", fields=(REPLAY_SOURCE,),
                 arrays=_positions(*BATCH_HEAD)),
     MessageSpec(
-        wire.PRIORITIES, "New priorities for sampled items; no reply on success.",
+        wire.PRIORITIES, "New priorities for sampled items, sent on the connection the "
+        "`batch` came on: a replay applies them only to keys it sent to that connection "
+        "(others are skipped and counted); no reply.",
         "learner → replay `sample`",
         fields=(Field("source", "str", False,
                       doc="the `source` of the batch the keys came from: priorities for "

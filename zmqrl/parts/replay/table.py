@@ -49,10 +49,14 @@ class ReplayTable:
     ``beta_steps`` **calls** to :meth:`sample` (not items sampled), so the schedule
     does not depend on the batch size. ``normalize`` says what the weights are divided
     by: ``table``, the largest weight any held item could get (Schaul et al.: that of
-    the smallest priority held, so one tiny priority scales every weight down), or
-    ``batch``, the largest weight in the batch drawn (muzero-general's and
-    EfficientZero's: every batch's largest weight is 1). ``seed`` seeds the table's own
-    generator.
+    the smallest priority held), or ``batch``, the largest weight in the batch drawn
+    (muzero-general's and EfficientZero's: every batch's largest weight is 1).
+    ``floor`` bounds what one small priority can do to the others: a stored priority is
+    at least ``floor`` times the mean stored priority when it is set, so under ``table``
+    normalization no item scales the weights of the rest by more than about
+    ``(1/floor)**beta`` (0.01: 6.3 at beta 0.4), where a priority of 0 once scaled them
+    by orders of magnitude. ``seed``
+    seeds the table's own generator.
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class ReplayTable:
         eps: float = 1e-6,
         seed: int = 0,
         normalize: Literal["table", "batch"] = "table",
+        floor: float = 0.01,
     ) -> None:
         capacity = int(capacity)
         if capacity < 1:
@@ -82,7 +87,10 @@ class ReplayTable:
             raise ValueError(f"eps must be >= 0, got {eps}")
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        if not 0 <= floor < 1:
+            raise ValueError(f"floor must be in [0, 1), got {floor}")
         self.normalize = normalize
+        self.floor = float(floor)
         self._capacity = capacity
         self._sampler: SamplerKind = sampler
         self.alpha = float(alpha)
@@ -336,6 +344,9 @@ class ReplayTable:
             # An item with stored priority 0 can never be drawn, and p_min = 0 would make
             # the max importance weight infinite.
             raise ValueError("a priority of 0 with eps=0 (and alpha>0) is not allowed; use eps>0")
+        held = self.size
+        if self.floor and held and self._tree is not None:
+            return np.maximum(stored, self.floor * self._tree.total / held)
         return stored
 
     @staticmethod
