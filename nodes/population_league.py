@@ -13,9 +13,16 @@ is applied: a bad one is refused with an ``error`` reply and changes nothing.
 Every ``publish_every_s``, and at once when someone subscribes, the ``ratings`` port
 (PUB) publishes every player's rating (brokers match players by it, the PBT controller
 ranks members by it). A player no game named for ``forget_after_s`` is dropped
-(brokers evict old snapshots from their pools), unless it is a member's current policy
-``m<k>``. At most ``MAX_RATED`` players are rated at once: a message that would add more
-is refused.
+(brokers evict old snapshots from their pools), unless it is a member's current policy.
+The members are the population's K current policies ``m0..m<K-1>`` (``members``, by
+default the topology's ``population.size``), not whatever matches the pattern: any
+other name is a non-member, forgotten when idle. At most ``MAX_RATED`` players are
+rated at once, room for the K members always kept: a message that names more new
+players than there is room for first evicts the least recently seen non-members (not
+those it names), then rates the part of its games whose players fit and skips the rest
+(``games_skipped``, logged). So a peer that names thousands of made-up players can
+neither freeze the ratings nor keep them out of the checkpoint for good: the next
+honest games evict them in turn.
 
 Files in the run directory: ``league/ratings.jsonl``, one line every ``history_every_s``
 with the members' ratings (for plots; none while no game was rated since the last), and
@@ -29,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +48,7 @@ from zmqrl.bus.node import Node
 from zmqrl.bus.spec import NodeSpec, TopologySpec
 from zmqrl.parts.checkpoint import Checkpointer, node_checkpoint
 from zmqrl.parts.selfplay.ratings import MAX_RATING, Ratings
+from zmqrl.run.population import population_size
 
 FORMAT = 1  # of the checkpoint: {"format", "ratings": Ratings.state(), "idle_s"}
 MAX_NAME = 64  # characters of a player's name
@@ -54,7 +61,6 @@ MAX_RATED = messages.MAX_PLAYERS
 # MAX_UNSENT_GAMES, 100 000). It also bounds a message's frames (port_frame_cap):
 # 512 KiB per array, the header under its own 1 MiB cap.
 MAX_GAMES = 1 << 17
-_MEMBER = re.compile(r"m(0|[1-9][0-9]*)")  # a member's current policy; never forgotten
 _CONTEXT = messages.Context()  # games name no env or model shapes
 
 
@@ -76,6 +82,12 @@ class PopulationLeague(Node):
         checkpoint_every_s: float = 10.0
         forget_after_s: float = 600.0  # a snapshot idle this long is no longer rated
         history_every_s: float = 10.0
+        # the population's K (its members m0..m<K-1)); None: the topology's population.size
+        members: int | None = None
+
+    @classmethod
+    def members_of(cls, args: Args, topo: TopologySpec) -> int | None:
+        return args.members if args.members is not None else population_size(topo)
 
     @classmethod
     def check_spec(cls, spec: NodeSpec, topo: TopologySpec) -> list[tuple[tuple, str]]:
@@ -92,6 +104,13 @@ class PopulationLeague(Node):
                                                         "at exit)"))
         if not (0 < a.k_min <= a.k):
             errors.append((where("k_min"), f"must be in (0, k] (k is {a.k:g})"))
+        members = cls.members_of(a, topo)
+        if members is None:
+            errors.append((where("members"), "the league rates a population's members: set "
+                                             "it, or run the league in a topology with a "
+                                             "population section"))
+        elif not 1 <= members <= MAX_RATED // 2:
+            errors.append((where("members"), f"must be in [1, {MAX_RATED // 2}]"))
         if not (math.isfinite(a.initial) and abs(a.initial) <= MAX_RATING):
             errors.append((where("initial"), f"must be finite, of magnitude at most "
                                              f"{MAX_RATING:g}"))
@@ -104,6 +123,10 @@ class PopulationLeague(Node):
 
     def setup(self) -> None:
         a = self.args
+        members = self.members_of(a, self.ctx.topo)
+        assert members is not None  # (check_spec)
+        self.member_names = frozenset(f"m{k}" for k in range(members))
+        self.games_skipped = 0  # games naming a new player there was no room for
         self.ratings = Ratings(a.k, a.k_min, a.settle, a.initial)
         # player -> when a game last named it (monotonic): snapshots idle too long go
         self.last_played: dict[str, float] = {}
@@ -141,27 +164,59 @@ class PopulationLeague(Node):
             if len(index) and int(index.max()) >= len(players):
                 raise wire.ProtocolError(f"games: '{seat}' holds index {int(index.max())}, "
                                          f"but 'players' names {len(players)}")
-        named = {players[i] for i in np.unique(np.concatenate([first, second])).tolist()}
-        new = len(named - self.ratings.players.keys())
-        if len(self.ratings.players) + new > MAX_RATED:
-            raise wire.ProtocolError(f"games: {new} new players would make more than "
-                                     f"{MAX_RATED} rated at once")
+        named = [players[i] for i in np.unique(np.concatenate([first, second])).tolist()]
+        refused = self._make_room(named)
         ratings = self.ratings
+        now = time.monotonic()
+        skipped = 0
         for i, j, s in zip(first.tolist(), second.tolist(), score.tolist(), strict=True):
             a, b = players[i], players[j]
+            if a in refused or b in refused:
+                skipped += 1
+                continue
             for name in (a, b):
                 if name not in ratings.players:  # first seen: where it starts, as of now
                     self._add(name)
+                self.last_played[name] = now
             ratings.update(a, b, s)
-        now = time.monotonic()
-        for name in named:
-            self.last_played[name] = now
+        if skipped:
+            self.games_skipped += skipped
+            self.log_rejection("games", f"games: skipped {skipped} game(s) naming {len(refused)} "
+                                        f"new player(s) beyond the {MAX_RATED} rated at once")
+
+    def _make_room(self, named: list[str]) -> set[str]:
+        """Room for the new players among ``named``: the least recently seen non-members
+        that ``named`` does not hold are evicted as needed; what still does not fit (the
+        members always do) is returned, and its games are not rated."""
+        held = self.ratings.players
+        new = [name for name in named if name not in held]
+        others = [name for name in new if name not in self.member_names]
+        # the K members' places are never taken by non-members
+        room = MAX_RATED - len(self.member_names) - sum(
+            1 for name in held if name not in self.member_names)
+        if len(others) > room:
+            keep = set(named)
+            evictable = sorted((self.last_played.get(name, 0.0), name) for name in held
+                               if name not in self.member_names and name not in keep)
+            gone = [name for _, name in evictable[:len(others) - room]]
+            self._drop(gone, "to make room")
+            room += len(gone)
+        return set(others[max(room, 0):])
+
+    def _drop(self, gone: list[str], why: str) -> None:
+        if not gone:
+            return
+        self.ratings.forget(set(self.ratings.players) - set(gone))
+        for name in gone:
+            self.last_played.pop(name, None)
+        self.log.info("forgot %d player(s) %s: %s", len(gone), why, ", ".join(gone[:8])
+                      + (", ..." if len(gone) > 8 else ""))
 
     def _add(self, name: str) -> None:
         """A new player: a snapshot starts where its member is now (if rated)."""
         member, at, _ = name.partition("@")
         start = None
-        if at and _MEMBER.fullmatch(member) and member in self.ratings.players:
+        if at and member in self.member_names and member in self.ratings.players:
             start = self.ratings.rating(member)
         self.ratings.add(name, start, frozen=bool(at))
 
@@ -177,20 +232,13 @@ class PopulationLeague(Node):
     def _forget(self) -> None:
         """Drop every player but the members that no game named for forget_after_s."""
         since = time.monotonic() - self.args.forget_after_s
-        gone = [name for name in self.ratings.players if not _MEMBER.fullmatch(name)
-                and self.last_played.get(name, since) <= since]
-        if not gone:
-            return
-        self.ratings.forget(set(self.ratings.players) - set(gone))
-        for name in gone:
-            self.last_played.pop(name, None)
-        self.log.info("forgot %d idle player(s): %s", len(gone), ", ".join(gone[:8])
-                      + (", ..." if len(gone) > 8 else ""))
+        self._drop([name for name in self.ratings.players if name not in self.member_names
+                    and self.last_played.get(name, since) <= since], "idle")
 
     def _members(self) -> dict[str, float]:
         """The members' current policies' ratings, by member index."""
         found = [(int(name[1:]), name, p.rating) for name, p in self.ratings.players.items()
-                 if _MEMBER.fullmatch(name)]
+                 if name in self.member_names]
         return {name: round(rating, 1) for _, name, rating in sorted(found)}
 
     def _best(self) -> str | None:
@@ -207,7 +255,8 @@ class PopulationLeague(Node):
 
     def metrics(self) -> dict[str, Any]:
         row: dict[str, Any] = {"games_rated": self.ratings.games,
-                               "players": len(self.ratings.players)}
+                               "players": len(self.ratings.players),
+                               "games_skipped": self.games_skipped}
         members = self._members()
         row.update({f"population/elo_{name}": r for name, r in members.items()})
         if members:

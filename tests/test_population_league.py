@@ -25,6 +25,7 @@ from nodes.population_league import MAX_GAMES
 from zmqrl.bus import messages, wire
 from zmqrl.bus.endpoints import Endpoints
 from zmqrl.parts.selfplay.ratings import Ratings
+from zmqrl.run.population import population_size
 from zmqrl.run.topology import TopologyError, from_dict, load
 
 from conftest import Client, read_csv, wait_for
@@ -37,14 +38,15 @@ TOPOLOGY: dict[str, Any] = {
     "env": {"id": "zmqrl/OpenSpiel-tic_tac_toe-v0", "kwargs": {"opponent": "self"}},
     "model": {"kind": "board_mlp", "hidden": [16]},
     "algo": {"kind": "vtrace", "unroll": 8, "batch_size": 32},
-    "nodes": {NODE: {"kind": "population_league", "args": {}}},
+    # (a league in a population topology counts its size; alone it is told K)
+    "nodes": {NODE: {"kind": "population_league", "args": {"members": 2}}},
 }
 Game = tuple[str, str, float]  # seat 0, seat 1, seat 0's score
 
 
 def topology(tmp_path: Path, **args: Any) -> Path:
     raw = copy.deepcopy(TOPOLOGY)
-    raw["nodes"][NODE]["args"] = {**FAST, **args}
+    raw["nodes"][NODE]["args"] = {**FAST, "members": 2, **args}
     path = tmp_path / f"topology-{len(list(tmp_path.glob('topology-*')))}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -285,6 +287,62 @@ def test_ratings_survive_a_kill_from_the_checkpoint_and_a_stop_saves_them(proces
     back.restore(json.loads(path.read_text())["ratings"])
     assert back.games == len(games) + len(more)
     assert back.table() == expected(games + more).table()
+
+
+def test_made_up_players_can_neither_freeze_the_ratings_nor_outstay_the_members(
+        processes, tmp_path):
+    """Issue 43 §2.1: one message naming 4,094 made-up players (``m9`` among them, which
+    matched the member pattern) filled the league; every later batch with a new snapshot
+    was refused whole, members' games too, and the checkpoint kept the fakes. Now the
+    members are the population's K, a batch is rated as far as there is room (the least
+    recently seen non-members evicted first), and idle non-members are forgotten."""
+    run_dir = tmp_path / "run"
+    league = League(processes, topology(tmp_path, forget_after_s=3.0), run_dir,
+                    tmp_path / "league.log")
+    honest = beats("m0", "m1", 10)
+    assert league.send(honest) == "ok"
+    league.games_rated(10)
+    fakes = ["m9"] + [f"x{i}" for i in range(messages.MAX_PLAYERS - 3)]  # the league full
+    flood = [(fakes[i], fakes[i + 1], 1.0) for i in range(0, len(fakes) - 1, 2)]
+    assert league.send(flood) == "ok"
+    rated = 10 + len(flood)
+    league.games_rated(rated)
+    # a new snapshot and the members' games: rated whole (a fake makes room)
+    later = [("m0@v1", "m1", 1.0), ("m0", "m1", 1.0)]
+    assert league.send(later) == "ok"
+    msg = league.games_rated(rated + 2)
+    assert "m0@v1" in msg.fields["ratings"] and len(msg.fields["ratings"]) == \
+        messages.MAX_PLAYERS
+    # More new players than room even with every other non-member gone: the part that
+    # fits is rated, the rest skipped and counted; the members' places are kept.
+    more = [f"y{i}" for i in range(messages.MAX_PLAYERS - 1)]
+    assert league.send([("m0", name, 0.5) for name in more]) == "ok"
+    fits = messages.MAX_PLAYERS - 2  # every place but the two members'
+    msg = league.games_rated(rated + 2 + fits)
+    assert {"m0", "m1", *more[:fits]} == set(msg.fields["ratings"])
+    wait_for(lambda: any(r.get("games_skipped") == str(len(more) - fits)
+                         for r in read_csv(run_dir / "metrics" / f"{NODE}.csv")),
+             10, "the skipped game in the metrics")
+    # Idle, every non-member goes, in the ratings and in the checkpoint: m9 too.
+    idle = league.ratings(lambda m: len(m.fields["ratings"]) == 2, timeout=15)
+    assert set(idle.fields["ratings"]) == {"m0", "m1"}
+    path = run_dir / "checkpoints" / f"{NODE}.json"
+    wait_for(lambda: path.exists() and set(json.loads(path.read_text())["ratings"]
+                                           ["players"]) == {"m0", "m1"},
+             10, "a checkpoint of the members alone")
+    assert "Traceback" not in league.log.read_text()
+    league.close()
+
+
+def test_a_league_outside_a_population_must_be_told_its_members():
+    raw = copy.deepcopy(TOPOLOGY)
+    raw["nodes"][NODE]["args"] = {}
+    with pytest.raises(TopologyError) as refused:
+        from_dict(raw, "t.yaml")
+    assert any(f"node '{NODE}', field 'args.members': the league rates a population's "
+               "members" in e for e in refused.value.errors), refused.value.errors
+    shipped = load(Path(__file__).parents[1] / "topologies" / "population_league.yaml")
+    assert population_size(shipped) == 4  # the shipped league counts its population's K
 
 
 def test_an_unreadable_checkpoint_stops_the_league_naming_the_file(processes, tmp_path):

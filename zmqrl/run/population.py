@@ -118,6 +118,13 @@ class Settings:
                 known = ", ".join(n for n in fields if n != "kind")
                 found.append(f"{where}: {cls.__name__} has no field '{name}' (known: {known})")
                 continue
+            if cls is not None and name not in cls.live_fields:
+                # (read only when the learner is built, or by the actors: an exploit
+                # would record a change that never takes effect)
+                found.append(f"{where}: algo.{name} does not take effect while "
+                             f"{cls.__name__}'s learner runs (its live_fields: "
+                             f"{', '.join(sorted(cls.live_fields))})")
+                continue
             if kind in ("uniform", "loguniform"):
                 low, high = spec
                 if low > high:
@@ -483,3 +490,12 @@ class Bindings:
 
     def member_of(self, identity: Identity) -> int | None:
         return self.members.get(identity)
+
+
+def population_size(topo: Any) -> int | None:
+    """K of the population an expanded topology holds (its controller's section), or
+    None where it has none: what a shared node (the league) counts as members."""
+    controller = getattr(topo, "nodes", {}).get(CONTROLLER)
+    section = (controller.args.get("population") if controller is not None else None) or {}
+    size = section.get("size") if isinstance(section, dict) else None
+    return size if type(size) is int else None
