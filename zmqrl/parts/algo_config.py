@@ -71,6 +71,12 @@ class AlgoConfig:
     model_interface: ClassVar[str | None] = None  # what the model must provide
     data_parallel: ClassVar[bool] = False  # its learner may average gradients over replicas
     reduced_precision: ClassVar[bool] = False  # its learner may train in bfloat16/float16
+    # The fields a running learner applies when PBT changes them (zmqrl/run/population.py):
+    # read at every update, or applied by its ``apply_hyperparameters`` (learning rates:
+    # to the optimizer's groups). A population over any other field (read only when the
+    # learner is built, or the actors') is refused at validation: it would never take
+    # effect. A plug-in's config declares its own.
+    live_fields: ClassVar[frozenset[str]] = frozenset({"lr"})
 
     def items_per_env_step(self) -> int:
         """The most items one env's step can complete (n-step transitions: ``n_step``
@@ -118,6 +124,10 @@ class VTraceConfig(AlgoConfig):
     """
 
     kind: str = "vtrace"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "lr", "discount", "baseline_cost", "entropy_cost", "clip_rho", "clip_c",
+        "clip_pg_rho", "max_grad_norm", "epochs", "minibatches", "normalize_advantages",
+        "reward_scale", "ppo_clip"})
     family: ClassVar[str] = UNROLL
     learner: ClassVar[str] = "zmqrl.parts.algos.vtrace:VTraceLearner"
     behaviour: ClassVar[str] = "actor_critic"
@@ -153,6 +163,9 @@ class A2CConfig(AlgoConfig):
     """Hyperparameters of the A2C learner (the topology's ``algo`` section)."""
 
     kind: str = "a2c"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "lr", "discount", "baseline_cost", "entropy_cost", "normalize_advantages",
+        "max_grad_norm"})
     family: ClassVar[str] = UNROLL
     learner: ClassVar[str] = "zmqrl.parts.algos.a2c:A2CLearner"
     behaviour: ClassVar[str] = "actor_critic"
@@ -174,6 +187,10 @@ class PPOConfig(AlgoConfig):
     CleanRL's ``ppo_continuous_action.py`` (MuJoCo)."""
 
     kind: str = "ppo"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "lr", "discount", "gae_lambda", "reward_scale", "clip", "clip_value",
+        "value_cost", "entropy_cost", "normalize_advantages", "epochs", "minibatches",
+        "max_grad_norm"})
     family: ClassVar[str] = UNROLL
     learner: ClassVar[str] = "zmqrl.parts.algos.ppo:PPOLearner"
     behaviour: ClassVar[str] = "actor_critic"
@@ -213,6 +230,9 @@ class DQNConfig(AlgoConfig):
     """Hyperparameters of the DQN learner (the topology's ``algo`` section)."""
 
     kind: str = "dqn"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "lr", "batch_size", "double", "huber_delta", "max_grad_norm",
+        "target_update_every"})
     family: ClassVar[str] = REPLAY
     learner: ClassVar[str] = "zmqrl.parts.algos.dqn:DQNLearner"
     items: ClassVar[str] = "transitions"
@@ -235,6 +255,8 @@ class R2D2Config(AlgoConfig):
     """Hyperparameters of R2D2 (the topology's ``algo`` section)."""
 
     kind: str = "r2d2"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "lr", "batch_size", "max_grad_norm", "target_update_every"})
     family: ClassVar[str] = SEQUENCE
     learner: ClassVar[str] = "zmqrl.parts.algos.r2d2:R2D2Learner"
     items: ClassVar[str] = "sequences"
@@ -295,6 +317,9 @@ class AlphaZeroConfig(AlgoConfig):
     The search defaults suit small board games (tic-tac-toe, connect four)."""
 
     kind: str = "alphazero"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "lr", "lr_final", "anneal_updates", "batch_size", "value_cost", "l2",
+        "max_grad_norm"})
     family: ClassVar[str] = SEARCH
     learner: ClassVar[str] = "zmqrl.parts.algos.alphazero:AlphaZeroLearner"
     items: ClassVar[str] = "positions"

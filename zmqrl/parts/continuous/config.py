@@ -47,6 +47,9 @@ class TD3Config(TwinQConfig):
     learner of Ape-X DPG: actors add Gaussian noise to the deterministic policy."""
 
     kind: str = "td3"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "actor_lr", "critic_lr", "batch_size", "tau", "policy_delay", "max_grad_norm",
+        "target_noise", "target_noise_clip"})
     learner: ClassVar[str] = "zmqrl.parts.continuous.td3:TD3Learner"
     behaviour: ClassVar[str] = "gaussian_noise"
     model_interface: ClassVar[str | None] = "deterministic_actor_twin_q"
@@ -65,6 +68,9 @@ class SACConfig(TwinQConfig):
     temperature learned towards ``target_entropy``."""
 
     kind: str = "sac"
+    live_fields: ClassVar[frozenset[str]] = frozenset({
+        "actor_lr", "critic_lr", "alpha_lr", "batch_size", "tau", "policy_delay",
+        "max_grad_norm", "learn_alpha"})
     learner: ClassVar[str] = "zmqrl.parts.continuous.sac:SACLearner"
     behaviour: ClassVar[str] = "squashed_gaussian"
     model_interface: ClassVar[str | None] = "stochastic_actor_twin_q"

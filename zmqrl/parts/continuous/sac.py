@@ -44,6 +44,9 @@ class SACLearner(TwinQLearner):
     def extra_groups(self) -> list[dict[str, Any]]:
         return [{"params": [self.model.log_alpha], "lr": self.cfg.alpha_lr}]
 
+    def group_rates(self) -> list[str]:
+        return [*super().group_rates(), "alpha_lr"]
+
     def targets(self, reward: torch.Tensor, discount: torch.Tensor,
                 next_obs: torch.Tensor) -> torch.Tensor:
         return sac_target(self.model, self.target_model, reward, discount, next_obs)

@@ -58,6 +58,16 @@ class TwinQLearner(TargetCheckpoint):
     def extra_groups(self) -> list[dict[str, Any]]:
         return []
 
+    def group_rates(self) -> list[str]:
+        """The config field that sets each optimizer group's lr, in group order."""
+        return ["critic_lr", "actor_lr"]
+
+    def apply_hyperparameters(self, changed: dict[str, Any]) -> None:
+        """PBT changed ``changed`` (self.cfg holds them already): each group's rate."""
+        for group, field in zip(self.optimizer.param_groups, self.group_rates(), strict=True):
+            if field in changed:
+                group["lr"] = float(changed[field])
+
     def targets(self, reward: torch.Tensor, discount: torch.Tensor,
                 next_obs: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

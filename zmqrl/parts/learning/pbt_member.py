@@ -65,8 +65,12 @@ LOAD_HEADROOM = 64 * 1024
 
 
 def set_hyperparameters(algo: Any, hyper: dict[str, Any]) -> None:
-    """Apply ``hyper`` live: ``lr`` to every optimizer parameter group, the rest to the
-    algorithm's config (a frozen dataclass: replaced); unknown names raise ValueError."""
+    """Apply ``hyper`` live: the algorithm's config (a frozen dataclass) is replaced, so
+    what its learner reads at each update changes; then the learner's
+    ``apply_hyperparameters(changed)`` applies the rest (an optimizer's rates), or,
+    where it has none, ``lr`` goes to every optimizer parameter group. Unknown names
+    raise ValueError. (Validation allows a population only over the config's
+    ``live_fields``: the ones this reaches.)"""
     if not hyper:
         return
     cfg = algo.cfg
@@ -75,7 +79,10 @@ def set_hyperparameters(algo: Any, hyper: dict[str, Any]) -> None:
     if unknown:
         raise ValueError(f"unknown hyperparameters for {type(cfg).__name__}: {sorted(unknown)}")
     algo.cfg = dataclasses.replace(cfg, **hyper)
-    if "lr" in hyper:
+    apply = getattr(algo, "apply_hyperparameters", None)
+    if apply is not None:
+        apply(dict(hyper))
+    elif "lr" in hyper:
         for group in algo.optimizer.param_groups:
             group["lr"] = float(hyper["lr"])
 

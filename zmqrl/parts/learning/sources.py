@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -358,11 +359,13 @@ class ReplayClient:
     and still answers its request, so we keep asking.
     """
 
-    def __init__(self, node: Any, check: messages.Context, batch_size: int, prefetch: int,
+    def __init__(self, node: Any, check: messages.Context,
+                 batch_size: int | Callable[[], int], prefetch: int,
                  device: torch.device, items: str = "transitions", link: str = "replay"):
         self.node = node
         self.check = check
-        self.batch_size = batch_size
+        # an int, or what reads the live one (a PBT member's batch_size may change)
+        self._batch_size = batch_size
         self.prefetch = prefetch
         self.device = device
         self.to_device = HostToDevice(device)  # pinned, non-blocking copies on CUDA
@@ -376,11 +379,18 @@ class ReplayClient:
         self.reconnects = 0
         self.watch = DisconnectWatch(node.sockets[link])
 
+    @property
+    def batch_size(self) -> int:
+        size = self._batch_size
+        return size() if callable(size) else size
+
     @classmethod
     def for_learner(cls, learner: Any) -> ReplayClient:
-        """Batches of the topology's item kind from the learner's ``replay`` link."""
-        return cls(learner, learner.check, learner.cfg.batch_size, learner.args.prefetch,
-                   learner.device, items=learner.ctx.topo.parts_config.items)
+        """Batches of the topology's item kind from the learner's ``replay`` link, of
+        the algorithm's ``batch_size`` as it is now (PBT may change it)."""
+        return cls(learner, learner.check, lambda: learner.algo.cfg.batch_size,
+                   learner.args.prefetch, learner.device,
+                   items=learner.ctx.topo.parts_config.items)
 
     def on_message(self, _envelope: list, msg: wire.Message) -> None:
         if msg.type == wire.ERROR and msg.fields.get("retry") is True:
