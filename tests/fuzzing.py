@@ -254,7 +254,7 @@ def port_context(raw_path: Path) -> messages.Context:
 
 # Every declaration, the core's and the registered plug-ins' (MuZero's among them): the
 # set of messages is as open as the set of parts.
-DECLARED: tuple[messages.MessageSpec, ...] = tuple(messages.registered().values())
+DECLARED: tuple[messages.MessageSpec, ...] = tuple(messages.registered(every=True).values())
 
 
 def declarations(msg_type: str) -> list[messages.MessageSpec]:
@@ -367,7 +367,7 @@ def declared_message(draw: st.DrawFn, spec: messages.MessageSpec, ctx: messages.
         bound["A"] = ctx.num_actions
     bound["*obs"] = tuple(ctx.obs_shape) if ctx.obs_shape is not None else (4,)
     bound["*action"] = tuple(ctx.action_shape) if ctx.action_shape is not None else ()
-    for sym, (_, least) in messages.SYMBOLS.items():
+    for sym, (_, least) in messages.symbols_of(spec).items():
         if sym not in bound:
             bound[sym] = draw(st.integers(max(least, 1 if sym != "k" else 0), 3))
     # optional arrays the run's configuration sends (or never sends) are not drawn

@@ -296,6 +296,7 @@ def declared(monkeypatch):
     monkeypatch.setattr(plugins, "resolve", lambda part, name, *a: sets[name]
                         if part == "messages" else real_resolve(part, name, *a))
     monkeypatch.setattr(messages, "SYMBOLS", dict(messages.SYMBOLS))
+    monkeypatch.setattr(messages, "_IN_USE", None)  # (as if no topology were loaded yet)
     messages.registered.cache_clear()
     yield sets, dataclasses.replace
     messages.registered.cache_clear()
@@ -334,5 +335,59 @@ def test_a_plugin_cannot_redeclare_what_exists(declared, clash, error):
         sets["bad"] = messages.MessageSet((), symbols={"B": ("bricks", 1)})
     else:
         sets["bad"] = messages.MessageSet((replace(ours, type="teleport"),))
+    # (the core's own lookups load no set: registered() is what loads them all)
     with pytest.raises(plugins.PluginError, match=f"messages 'bad': {re.escape(error)}"):
-        messages.spec(wire.INSERT, "transitions")
+        messages.registered(every=True)
+
+
+def test_a_set_s_symbols_are_its_own_and_a_topology_loads_only_the_sets_it_names(
+        declared, monkeypatch):
+    """Issue 43 §2.4: every process loaded every installed set and their symbols shared
+    one namespace, so a plug-in that also named a symbol ``K`` (MuZero's), or whose set
+    failed to import, broke every topology on the machine."""
+    from zmqrl import plugins
+    from zmqrl.run.topology import from_dict
+
+    sets, _ = declared
+
+    def kind(variant: str) -> messages.MessageSpec:
+        return messages.MessageSpec(
+            wire.INSERT, variant, variant=variant, closed=True,
+            arrays=(messages.Array("obs", "obs", ("B", "*obs")),
+                    messages.Array("lap", "float32", ("B", "K"))))
+
+    laps, legs = kind("laps"), kind("legs")
+    sets["laps"] = messages.MessageSet((laps,), symbols={"K": ("laps per race", 3)})
+    sets["legs"] = messages.MessageSet((legs,), symbols={"K": ("legs per relay", 1)})
+    sets["broken"] = messages.MessageSet(())
+    resolve = plugins.resolve
+
+    def failing(part: str, name: str, *a):
+        if part == "messages" and name == "broken":
+            raise plugins.PluginError("messages 'broken': cannot import relay_plugin")
+        return resolve(part, name, *a)
+
+    monkeypatch.setattr(plugins, "resolve", failing)
+    # A topology whose algorithm names no set validates, and its ports resolve their
+    # messages, with the broken set installed (before: every lookup imported it).
+    raw = {"name": "t", "env": {"id": "CartPole-v1"},
+           "model": {"kind": "dueling_mlp", "hidden": [8]},
+           "algo": {"kind": "dqn", "batch_size": 8},
+           "nodes": {"replay": {"kind": "replay"}}}
+    assert from_dict(raw, "t.yaml").nodes["replay"].kind == "replay"
+    assert messages.spec(wire.INSERT, "transitions").variant == "transitions"
+    # Both sets' K, each checked with its own least value (before: "already declared").
+    messages.use(["laps", "legs"])
+    ctx = messages.Context.from_env(env_spec({"id": "CartPole-v1"}))
+
+    def insert(k: int) -> wire.Message:
+        return wire.decode(wire.encode(wire.INSERT, {"obs": np.zeros((2, 4), np.float32),
+                                                     "lap": np.zeros((2, k), np.float32)}))
+
+    assert messages.check(insert(2), messages.spec(wire.INSERT, "legs"), ctx)["K"] == 2
+    with pytest.raises(wire.ProtocolError, match="with K >= 3"):
+        messages.check(insert(2), messages.spec(wire.INSERT, "laps"), ctx)
+    assert messages.check(insert(3), messages.spec(wire.INSERT, "laps"), ctx)["K"] == 3
+    # The broken set hurts only a lookup no named set answers, and says why.
+    with pytest.raises(plugins.PluginError, match="cannot import relay_plugin"):
+        messages.spec(wire.INSERT, "pebbles")

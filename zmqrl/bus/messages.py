@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -551,23 +552,56 @@ class MessageSet:
     messages: tuple[MessageSpec, ...]
     symbols: dict[str, tuple[str, int]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A set's shape symbols are its own (a namespace): its messages are checked
+        # with them, another set may give the same letter another meaning.
+        for s in self.messages:
+            _SET_SYMBOLS[id(s)] = self.symbols
+
+
+# id of a set's MessageSpec -> that set's symbols (specs are module-level constants)
+_SET_SYMBOLS: dict[int, dict[str, tuple[str, int]]] = {}
+# The sets this process loads: None (no topology loaded: every registered set, as the
+# protocol document wants) or the union of those its topologies' algorithms name.
+_IN_USE: set[str] | None = None
+
+
+def symbols_of(spec: MessageSpec) -> dict[str, tuple[str, int]]:
+    """The shape symbols ``spec`` is checked with: the core's and its own set's."""
+    own = _SET_SYMBOLS.get(id(spec))
+    return {**SYMBOLS, **own} if own else SYMBOLS
+
+
+def use(names: Iterable[str]) -> None:
+    """This process runs a topology whose parts need the message sets ``names``
+    (``AlgoConfig.messages``): load those, and no other registered set. Called when a
+    topology loads (``zmqrl.run.topology``); the union over every topology loaded."""
+    global _IN_USE
+    names = set(names)
+    if _IN_USE is None or not names <= _IN_USE:
+        _IN_USE = (_IN_USE or set()) | names
+        registered.cache_clear()
+
 
 @functools.cache
-def registered() -> dict[str, MessageSpec]:
-    """Every declaration: the core's (:data:`MESSAGES`) and each registered
-    :class:`MessageSet`'s, by key (``type/variant``). A set's shape symbols join
-    :data:`SYMBOLS`. A set that redeclares a key or a symbol differently, or declares
-    a type the wire does not carry, is an error naming it (loaded once, when a port
-    first asks)."""
+def registered(every: bool = False) -> dict[str, MessageSpec]:
+    """Every declaration in use: the core's (:data:`MESSAGES`) and each
+    :class:`MessageSet`'s that this process's topology names (:func:`use`; before any
+    topology loads, or with ``every``, each registered set), by key (``type/variant``).
+    A set that
+    redeclares a key or a core shape symbol, or declares a type the wire does not carry,
+    is an error naming it; a set nobody uses is never imported, so a broken plug-in
+    breaks only the topologies that name it."""
     from zmqrl import plugins  # (zmqrl.plugins imports nothing of the bus)
 
     found = dict(SPECS)
-    for name in plugins.names("messages"):
+    names = plugins.names("messages") if every or _IN_USE is None else sorted(_IN_USE)
+    for name in names:
         extra = plugins.resolve("messages", name)
         if not isinstance(extra, MessageSet):
             raise plugins.PluginError(f"messages '{name}' is not a MessageSet")
         for sym, meaning in extra.symbols.items():
-            if SYMBOLS.setdefault(sym, meaning) != meaning:
+            if SYMBOLS.get(sym, meaning) != meaning:
                 raise plugins.PluginError(f"messages '{name}': shape symbol {sym!r} is "
                                           f"already declared as {SYMBOLS[sym][0]!r}")
         for s in extra.messages:
@@ -581,14 +615,21 @@ def registered() -> dict[str, MessageSpec]:
 
 def spec(msg_type: str, variant: str = "") -> MessageSpec:
     """The declaration of ``msg_type`` (and ``variant``, e.g. ``insert``/``sequences``),
-    the core's or a registered plug-in's; KeyError naming what is known."""
+    the core's or a message set's in use; KeyError naming what is known."""
     key = f"{msg_type}/{variant}" if variant else msg_type
+    core = SPECS.get(key)
+    if core is not None:
+        return core  # (no set loaded for the core's own messages)
     known = registered()
+    if key not in known and _IN_USE is not None:
+        # not among the sets the topology names (a tool, or a test, asking outside one)
+        known = registered(every=True)
     if key not in known:
         variants = sorted(k.partition("/")[2] for k in known if k.startswith(f"{msg_type}/"))
         raise KeyError(f"no message '{key}' is declared (variants of '{msg_type}': "
                        f"{', '.join(variants) or 'none'}; a plug-in declares its own in "
-                       "the zmqrl.messages group)")
+                       "the zmqrl.messages group, and its algorithm config names that "
+                       "set in `messages`)")
     return known[key]
 
 
@@ -707,6 +748,7 @@ class _Checker:
             self.dims["A"] = ctx.num_actions  # a discrete space's size, where one is used
         self.fields = [(f.name, FIELD_TYPES[f.type], f.type, f.required, f.rule)
                        for f in spec.fields]
+        self.symbols = symbols_of(spec)
         self.arrays = [self._compile_array(a, ctx) for a in spec.arrays]
         self.names = frozenset(a.name for a in spec.arrays)
         # optional arrays the run's configuration never sends
@@ -772,22 +814,23 @@ class _Checker:
         raise ValueError(f"unknown array rule {rule!r}")
 
     def _compile_array(self, a: Array, ctx: Context) -> tuple:
-        tokens: list[tuple[str | None, int]] = []  # (symbol, offset) or (None, size)
+        # (symbol, offset, least) or (None, size, 0)
+        tokens: list[tuple[str | None, int, int]] = []
         star = None
         for part in a.shape:
             if isinstance(part, int):
-                tokens.append((None, part))
+                tokens.append((None, part, 0))
             elif part in STAR:
                 known = ctx.obs_shape if part == "*obs" else ctx.action_shape
                 if known is None:
                     star = part  # binds the remaining dimensions, whatever they are
                 else:
-                    tokens.extend((None, d) for d in known)
+                    tokens.extend((None, d, 0) for d in known)
             else:
                 sym, _, off = part.partition("+")
-                if sym not in SYMBOLS:
+                if sym not in self.symbols:
                     raise ValueError(f"{a.name}: unknown shape symbol {part!r}")
-                tokens.append((sym, int(off or 0)))
+                tokens.append((sym, int(off or 0), self.symbols[sym][1]))
         dtypes = self._dtypes(a.dtype, ctx)
         rules = [self._rule(r, ctx) for r in a.rules]
         # an optional array the run's configuration sends is required of every peer
@@ -797,7 +840,7 @@ class _Checker:
     # -- errors
     def _pattern(self, tokens: list, star: str | None, bound: dict) -> str:
         parts = []
-        for sym, off in tokens:
+        for sym, off, _ in tokens:
             if sym is None:
                 parts.append(str(off))
             elif sym in bound:
@@ -874,7 +917,7 @@ class _Checker:
             return False
         new = None
         for i in range(ndim):
-            sym, off = tokens[i]
+            sym, off, least = tokens[i]
             size = shape[i]
             if sym is None:
                 if size != off:
@@ -884,7 +927,7 @@ class _Checker:
             if have is None and new is not None:
                 have = new.get(sym)
             if have is None:
-                if size - off < SYMBOLS[sym][1]:
+                if size - off < least:
                     return False
                 if new is None:
                     new = {}
@@ -904,9 +947,9 @@ class _Checker:
     @staticmethod
     def _least(shape: tuple, tokens: list) -> str:
         """Say so when a dimension is below its symbol's least value (n >= 1)."""
-        for (sym, off), size in zip(tokens, shape, strict=False):
-            if sym is not None and size - off < SYMBOLS[sym][1]:
-                return f" with {sym} >= {SYMBOLS[sym][1]}"
+        for (sym, off, least), size in zip(tokens, shape, strict=False):
+            if sym is not None and size - off < least:
+                return f" with {sym} >= {least}"
         return ""
 
     def _constraint(self, c: Constraint, arrays: dict) -> None:
@@ -950,9 +993,13 @@ def _shape_text(shape: tuple) -> str:
 def markdown() -> str:
     """The tables of docs/protocol.md §5, generated from every registered declaration
     (:func:`registered`: the core's, then the plug-ins')."""
-    specs = registered()  # (first: a plug-in's shape symbols join SYMBOLS)
+    specs = registered(every=True)
+    own = {sym: meaning for s in specs.values() for sym, meaning in
+           _SET_SYMBOLS.get(id(s), {}).items()}  # (a letter two sets use: listed once)
     out = ["Shape symbols bind on first use within a message and must agree afterwards: "
            + "; ".join(f"`{s}` {text} (≥ {least})" for s, (text, least) in SYMBOLS.items())
+           + "".join(f"; `{s}` {text} (≥ {least}) in its message set's messages"
+                     for s, (text, least) in own.items())
            + ". `*obs` and `*action` stand for the env's observation and action shapes "
            "(`[]` for a discrete action). A symbol that names a hyperparameter "
            "(`T`, `L`, `K`) is bound by the run's configuration before any message: a "

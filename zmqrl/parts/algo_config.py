@@ -77,6 +77,10 @@ class AlgoConfig:
     # learner is built, or the actors') is refused at validation: it would never take
     # effect. A plug-in's config declares its own.
     live_fields: ClassVar[frozenset[str]] = frozenset({"lr"})
+    # The message sets (zmqrl.messages entry-point names or module:NAME paths) its items
+    # and acting use beyond the core protocol: a process loads only the sets its
+    # topology's algorithm names (zmqrl.bus.messages.use).
+    messages: ClassVar[tuple[str, ...]] = ()
 
     def items_per_env_step(self) -> int:
         """The most items one env's step can complete (n-step transitions: ``n_step``

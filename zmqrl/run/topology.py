@@ -25,7 +25,7 @@ import jsonschema
 import yaml
 
 from zmqrl import plugins
-from zmqrl.bus import cores, security
+from zmqrl.bus import cores, messages, security
 from zmqrl.bus.spec import NodeSpec, TopologySpec, load_class, ports_of  # noqa: F401
 from zmqrl.parts import algo_config
 from zmqrl.parts.selfplay import config as selfplay_config
@@ -301,6 +301,12 @@ def from_dict(raw: Any, source: str = "<topology>", *, node: str | None = None) 
         expect=raw.get("expect", {}) if isinstance(raw, dict) else {},
     )
     errors = [(path, msg) for path, msg in schema_errors]
+    kind = topo.algo.get("kind") if isinstance(topo.algo, dict) else None
+    if type(kind) is str:
+        try:  # the message sets its algorithm names, and no other (zmqrl.bus.messages.use)
+            messages.use(getattr(algo_config.config_type(kind), "messages", ()))
+        except ValueError:
+            pass  # an unknown algorithm: the checks below name it
     errors += _semantic_errors(topo, broken, node)
     if errors:
         raise TopologyError([f"{source}: {_where(path)}: {msg}" for path, msg in errors])

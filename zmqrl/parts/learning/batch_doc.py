@@ -39,7 +39,7 @@ def markdown() -> str:
         out += [_row(a, "always") for a in spec.arrays if a.name in keys]
         out.append("")
     skip = {a.name for a in messages.BATCH_HEAD} - {"weight"}
-    for spec in messages.registered().values():
+    for spec in messages.registered(every=True).values():
         if spec.type != wire.BATCH:
             continue
         out += [f"**{spec.variant}** (a replay's `batch` {spec.variant}; batch-major)", "",

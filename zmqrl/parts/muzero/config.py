@@ -30,6 +30,7 @@ class MuZeroConfig(AlgoConfig):
     the learner's unrolled loss."""
 
     kind: str = "muzero"
+    messages: ClassVar[tuple[str, ...]] = ("muzero",)  # zmqrl.parts.muzero.messages
     live_fields: ClassVar[frozenset[str]] = frozenset({
         "lr", "lr_final", "anneal_updates", "batch_size", "value_cost", "weight_decay",
         "max_grad_norm", "priority_eps"})
