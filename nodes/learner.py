@@ -280,10 +280,10 @@ class Learner(Node):
     def on_peer_silent(self, name: str) -> None:
         # Nothing from it, pongs included, for peer_timeout_s: dead or cut off, and our
         # requests with it. (A replay that only holds samples back still answers pings.)
-        if name == "replay":
-            self.source.lost()
-        elif name == "param_server":
-            self.updater.lost()
+        # The source and the updater say which links they wait on.
+        for part in (self.source, self.updater):
+            if name in part.peers():
+                part.lost()
 
     # ----- training -------------------------------------------------------------------
     def after_poll(self) -> None:

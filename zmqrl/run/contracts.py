@@ -48,7 +48,8 @@ class Learner(Protocol):
     """What an algorithm's learner object provides (built as ``Learner(cfg, model,
     **options)``). ``update`` trains on one batch and returns its loss terms (a dict of
     floats), or (terms, new priorities) when it learns from a prioritized replay.
-    Optional: ``optimizer`` (PBT sets its learning rate), ``gradients(batch)`` and
+    Optional: ``optimizer`` (PBT sets its learning rate), ``apply_hyperparameters
+    (changed)`` (PBT: what the new config alone does not reach), ``gradients(batch)`` and
     ``apply_gradients(grads)`` (Gorila learners, A3C workers, the parameter server)."""
 
     def update(self, batch: Mapping[str, Any]) -> Any: ...

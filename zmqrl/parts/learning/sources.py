@@ -86,6 +86,10 @@ class Source(Protocol):
 
     def poll(self) -> None: ...
 
+    def peers(self) -> frozenset[str]:
+        """The links whose peer this source waits on: when one falls silent, ``lost()``."""
+        ...
+
     def lost(self) -> None: ...
 
     def close(self) -> None: ...
@@ -200,6 +204,9 @@ class UnrollInbox:
 
     def poll(self) -> None:
         pass
+
+    def peers(self) -> frozenset[str]:
+        return frozenset()  # producers connect to us: we wait on no one peer
 
     def lost(self) -> None:
         pass  # producers connect to us; their credit comes back by itself
@@ -384,6 +391,10 @@ class ReplayClient:
         size = self._batch_size
         return size() if callable(size) else size
 
+    @batch_size.setter
+    def batch_size(self, size: int | Callable[[], int]) -> None:
+        self._batch_size = size
+
     @classmethod
     def for_learner(cls, learner: Any) -> ReplayClient:
         """Batches of the topology's item kind from the learner's ``replay`` link, of
@@ -448,6 +459,9 @@ class ReplayClient:
             self.node.send(self.link, wire.encode(wire.SAMPLE, batch_size=self.batch_size,
                                                   client=self.node.ctx.label))
             self.in_flight += 1
+
+    def peers(self) -> frozenset[str]:
+        return frozenset({self.link})
 
     def lost(self) -> None:
         """The replay lost our requests: a fresh socket (late replies to the old ones

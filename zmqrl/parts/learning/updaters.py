@@ -51,6 +51,10 @@ class Updater(Protocol):
 
     def poll(self) -> None: ...
 
+    def peers(self) -> frozenset[str]:
+        """The links whose peer this updater waits on: when one falls silent, ``lost()``."""
+        ...
+
     def lost(self) -> None: ...
 
     def metrics(self) -> dict[str, Any]: ...
@@ -86,6 +90,9 @@ class LocalStep:
 
     def poll(self) -> None:
         pass
+
+    def peers(self) -> frozenset[str]:
+        return frozenset()  # (AllReduce's replicas: the process group notices them)
 
     def lost(self) -> None:
         pass
@@ -201,6 +208,9 @@ class GradientPush:
         self.server_version = version
         if hasattr(self.algo, "updates"):
             self.algo.updates = version  # the algorithm's counter is the server's
+
+    def peers(self) -> frozenset[str]:
+        return frozenset({self.link})
 
     def lost(self) -> None:
         """The server lost the gradients in flight: a fresh socket (late replies to the
