@@ -401,6 +401,22 @@ def declared_message(draw: st.DrawFn, spec: messages.MessageSpec, ctx: messages.
                 out.append(bound[sym] + int(off or 0))
         return tuple(out)
 
+    # Oversized, a message with a list of names its int arrays index (``games``) names
+    # many made-up players at once (up to the declared most), so that over a few
+    # examples a node that keeps every name it is told of fills up
+    many_names: list[str] | None = None
+    if oversize and any(f.rule == "names" for f in spec.fields):
+        tag = draw(st.integers(0, 2**32 - 1))
+        # nearly all a node may hold at once, or a power-of-two share of it
+        count = messages.MAX_PLAYERS - draw(st.integers(0, 64)) if draw(st.booleans()) \
+            else messages.MAX_PLAYERS >> draw(st.integers(1, 12))
+        many_names = [f"x{tag:x}-{i}" for i in range(count)]
+        for a in chosen:
+            for part in a.shape:
+                if isinstance(part, str) and part not in messages.STAR and \
+                        part not in ctx.dims:
+                    bound[part.partition("+")[0]] = count  # a game per name
+        oversize = False
     if oversize:
         counts = sorted({p.partition("+")[0] for a in chosen for p in a.shape
                          if isinstance(p, str) and p.partition("+")[0] in ("n", "B", "k",
@@ -423,6 +439,11 @@ def declared_message(draw: st.DrawFn, spec: messages.MessageSpec, ctx: messages.
         shape, dtype = shape_of(a), dtype_of(a)
         if hostile and draw(st.integers(0, 2)) == 0:
             arrays[a.name] = draw(hostile_array(dtype.name, shape))
+        elif many_names is not None and dtype.kind in "iu" and "nonneg" in a.rules:
+            # indices into the names, each array shifted by one: every name is played
+            shift = sum(1 for b in arrays.values() if b.dtype.kind in "iu")
+            arrays[a.name] = ((np.arange(math.prod(shape)) + shift) % len(many_names)
+                              ).reshape(shape).astype(dtype)
         else:
             arrays[a.name] = _benign_array(rng, dtype, shape, a.rules, ctx)
         if a.name == huge_array and arrays[a.name].size:
@@ -447,6 +468,8 @@ def declared_message(draw: st.DrawFn, spec: messages.MessageSpec, ctx: messages.
         if f.required or huge_at is not None or draw(st.booleans()) \
                 or (names and f.name in names):
             fields[f.name] = _field_value(draw, f, hostile, names or {})
+        if many_names is not None and f.rule == "names":
+            fields[f.name] = many_names
     numbers = [f.name for f in spec.fields if f.type in ("int", "number")
                and f.name in fields and f.name not in (names or {})]
     if huge_at is not None and numbers and (huge_array is None or huge_at % 2):
@@ -495,3 +518,16 @@ def undeclared_accepts() -> list[str]:
     return [f"{kind}.{port}: {t}" for kind, cls in registered_kinds().items()
             for port, types in getattr(cls, "accepts", {}).items() for t in types
             if not declarations(t)]
+
+
+def with_fresh_names(frames: list, spec: messages.MessageSpec, k: int) -> list:
+    """``frames`` (a message of ``spec``) with the names of its ``names``-rule fields
+    past the first two made new (``m0@v<k>``: snapshots a node has not seen yet), so
+    that an honest message, sent again, still asks the node to take someone new."""
+    msg = wire.decode(frames)
+    fields = dict(msg.fields)
+    for f in spec.fields:
+        if f.rule == "names" and isinstance(fields.get(f.name), list):
+            fields[f.name] = [n if i < 2 else f"m{i}@v{k}"
+                              for i, n in enumerate(fields[f.name])]
+    return wire.encode(msg.type, dict(msg.arrays), **fields)

@@ -15,9 +15,12 @@ limits), oversized counts (an env or item count as large as the cap allows), and
 spoofing (a second DEALER, the legitimate peer, names itself in a ``client``/``member``
 field, then the fuzzer sends messages naming it). After each batch a ``ping`` on the
 port, from both identities, must get its ``pong`` within a deadline (no crash, no hang,
-the port still read); every reply the node sends, and everything it publishes on its
-``pub`` ports, must keep its own declaration; at the end every node must have counted
-(``bad_messages``) and logged its rejections, with no traceback in its log.
+the port still read), and the honest peer is still served: a benign message the node
+took from it before the fuzz, sent again, is taken again (no ``error``; a league frozen
+by made-up players or a replay whose layout one insert fixed would refuse it); every
+reply the node sends, and everything it publishes on its ``pub`` ports, must keep its own
+declaration; at the end every node must have counted (``bad_messages``) and logged its
+rejections, with no traceback in its log.
 
 Shrinking is off: a node that died stays dead, so every smaller example would fail
 too. A failure reports the batch that did it and the node's log with its traceback.
@@ -30,11 +33,14 @@ in an unroll crashed the learner; a NaN reward silently made every parameter NaN
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import random
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +104,10 @@ class Target:
     sock: zmq.Socket  # the fuzzer
     legit: zmq.Socket  # a legitimate peer: another identity, whose names get spoofed
     bad_replies: list[str] = field(default_factory=list)
+    # A benign message the node took from the legitimate peer before any fuzz: sent
+    # again after every hostile batch, it must still be taken (None: not looked for
+    # yet; []: the port took none of the benign messages tried, so nothing to check)
+    honest: tuple[messages.MessageSpec, list] | tuple[()] | None = None
 
     def log_tail(self) -> str:
         return self.log.read_text()[-4000:] if self.log.exists() else "(no log)"
@@ -189,10 +199,12 @@ _NOT_CHECKED = {wire.PONG, wire.ERROR}
 
 
 def ping_and_read(target: Target, timeout: float = PONG_DEADLINE_S,
-                  sock: zmq.Socket | None = None) -> list[str]:
+                  sock: zmq.Socket | None = None,
+                  refusals: list[str] | None = None) -> list[str]:
     """Send a ping with a fresh seq; return the types of the replies that came before
     its pong (the replies to what was sent before it), the pong last. Every reply must
-    keep its declaration (a node must never send what it would itself refuse)."""
+    keep its declaration (a node must never send what it would itself refuse).
+    ``refusals`` collects the text of each ``error`` that does not say "ask again"."""
     sock = sock if sock is not None else target.sock
     assert target.proc.poll() is None, (
         f"{target.node} died (exit {target.proc.returncode}):\n{target.log_tail()}")
@@ -216,6 +228,9 @@ def ping_and_read(target: Target, timeout: float = PONG_DEADLINE_S,
             raise AssertionError(f"{target.kind}.{target.port} sent a reply that does not "
                                  f"decode: {exc}") from None
         replies.append(reply.type)
+        if refusals is not None and reply.type == wire.ERROR and \
+                reply.fields.get("retry") is not True:
+            refusals.append(str(reply.fields.get("error")))
         if reply.type not in _NOT_CHECKED:
             problem = fuzzing.keeps_some_declaration(reply, target.ctx)
             assert problem is None, (f"{target.kind}.{target.port} replied '{reply.type}' "
@@ -570,8 +585,62 @@ def test_benign_messages_from_the_declarations_get_into_the_node(targets, kind, 
         f"{target.log_tail()}")
 
 
+_HONEST_SEQ = itertools.count(1)
+
+
+def _refused(target: Target, frames: list, sock: zmq.Socket,
+             deadline: float = PONG_DEADLINE_S) -> list[str]:
+    """Send ``frames`` from ``sock``; the errors (not "ask again") before the second
+    pong (the first may come before the node's after_poll has run on it)."""
+    sock.send_multipart(frames)
+    refusals: list[str] = []
+    ping_and_read(target, deadline, sock, refusals)
+    ping_and_read(target, deadline, sock, refusals)
+    return refusals
+
+
+@contextlib.contextmanager
+def honest_peer(target: Target) -> Iterator[zmq.Socket]:
+    """A new connection to the port, closed after use."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    # (os.urandom: hypothesis seeds the random module, which would repeat the name)
+    sock.setsockopt(zmq.IDENTITY, b"honest-" + os.urandom(6).hex().encode())
+    sock.connect(target.address)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def honest_message(target: Target) -> tuple[messages.MessageSpec, list] | tuple[()]:
+    """A benign message of the port's declarations (its spec and frames) that an honest
+    peer sends and the node takes, found once per target before its fuzz (() where
+    none is)."""
+    if target.honest is None:
+        specs = [s for s in accepted(target) if s.type != wire.ERROR]
+        found: list = []
+
+        @settings(max_examples=4, **SETTINGS)
+        @given(data=st.data())
+        def find(data: st.DataObject) -> None:
+            for spec in specs:  # (every spec drawn each time: the draws never depend
+                # on what the node answered, as hypothesis requires)
+                frames = data.draw(fuzzing.declared_message(spec, target.ctx, "benign"))
+                if not found:
+                    with honest_peer(target) as sock:
+                        if not _refused(target, frames, sock):
+                            found.append((spec, frames))
+
+        find()
+        target.honest = found[0] if found else ()
+    return target.honest
+
+
 def _fuzz_port(target: Target, only: str | None = None,
                deadline: float = PONG_DEADLINE_S) -> None:
+    honest = honest_message(target)
+
     @examples(target, EXAMPLES_PER_PORT, EXTRA_EXAMPLES_PER_PORT)
     @given(batch=batches(target, only))
     def run(batch: Batch) -> None:
@@ -583,6 +652,21 @@ def _fuzz_port(target: Target, only: str | None = None,
         assert_pong(target, deadline)
         assert_pong(target, deadline)
         ping_and_read(target, deadline, target.legit)  # the spoofed peer is served too
+        if honest:
+            # The oracle: what an honest peer sent and the node took before the fuzz,
+            # a new honest peer sends and it still takes. (A node a hostile batch froze,
+            # as a league full of made-up players or a replay whose layout one insert
+            # fixed, answers with an error. A new connection: the legitimate one may
+            # still wait on its own request, which flow control may rightly hold.)
+            spec, frames = honest
+            # (someone new to take, where the message names players: a league that
+            # keeps every name it hears of refuses the new ones once it is full)
+            frames = fuzzing.with_fresh_names(frames, spec, next(_HONEST_SEQ))
+            with honest_peer(target) as sock:
+                refused = _refused(target, frames, sock, deadline)
+            assert not refused, (f"{target.kind}.{target.port}: after this batch the "
+                                 f"honest peer's message, taken before the fuzz, is "
+                                 f"refused: {refused[0]}\n{target.log_tail()}")
 
     run()
 
