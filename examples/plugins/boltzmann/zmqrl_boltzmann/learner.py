@@ -12,7 +12,7 @@ from zmqrl.parts.algos.target_q import TargetQLearner
 
 
 class ExpectedSarsaLearner(TargetQLearner):
-    def __init__(self, cfg: Any, model: torch.nn.Module):
+    def __init__(self, cfg: Any, model: torch.nn.Module, **_: Any):  # options: unused
         super().__init__(cfg, model)
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr)
 
