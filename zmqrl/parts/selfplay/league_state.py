@@ -16,8 +16,9 @@ The checkpoint is a plain dict (format 1), loadable with ``torch.load(weights_on
 ``results`` are the first player's wins, draws and losses against the second; the
 ratings are refitted from them (``zmqrl.parts.selfplay.elo``), so they are kept only to
 say what the league last reported. A member's weights are its model's ``state_dict()``
-(tensors: saved efficiently, never as JSON lists). A population league (one entry per
-member of a population) can hold one :class:`LeagueState` per league.
+(tensors: saved efficiently, never as JSON lists). This is the self-play league's
+(``nodes/league.py``); the population league keeps its ratings apart
+(:mod:`zmqrl.parts.selfplay.ratings`, a JSON checkpoint).
 
 No torch here: a state dict is whatever the caller's models give and take.
 """
