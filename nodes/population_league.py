@@ -17,12 +17,12 @@ ranks members by it). A player no game named for ``forget_after_s`` is dropped
 The members are the population's K current policies ``m0..m<K-1>`` (``members``, by
 default the topology's ``population.size``), not whatever matches the pattern: any
 other name is a non-member, forgotten when idle. At most ``MAX_RATED`` players are
-rated at once, room for the K members always kept: a message that names more new
-players than there is room for first evicts the least recently seen non-members (not
-those it names), then rates the part of its games whose players fit and skips the rest
-(``games_skipped``, logged). So a peer that names thousands of made-up players can
-neither freeze the ratings nor keep them out of the checkpoint for good: the next
-honest games evict them in turn.
+rated at once, room for the K members always kept (:mod:`zmqrl.parts.selfplay.room`): a
+message that names more new players than there is room for first evicts the least
+recently seen non-members (not those it names), then rates the part of its games whose
+players fit and skips the rest (``games_skipped``, logged). So a peer that names
+thousands of made-up players can neither freeze the ratings nor keep them out of the
+checkpoint for good: the next honest games evict them in turn.
 
 Files in the run directory: ``league/ratings.jsonl``, one line every ``history_every_s``
 with the members' ratings (for plots; none while no game was rated since the last), and
@@ -47,6 +47,7 @@ from zmqrl.bus import messages, wire
 from zmqrl.bus.node import Node
 from zmqrl.bus.spec import NodeSpec, TopologySpec
 from zmqrl.parts.checkpoint import Checkpointer, node_checkpoint
+from zmqrl.parts.selfplay import room
 from zmqrl.parts.selfplay.ratings import MAX_RATING, Ratings
 from zmqrl.run.population import population_size
 
@@ -165,7 +166,9 @@ class PopulationLeague(Node):
                 raise wire.ProtocolError(f"games: '{seat}' holds index {int(index.max())}, "
                                          f"but 'players' names {len(players)}")
         named = [players[i] for i in np.unique(np.concatenate([first, second])).tolist()]
-        refused = self._make_room(named)
+        evicted, refused = room.make_room(named, self.ratings.players, self.member_names,
+                                          self.last_played, MAX_RATED)
+        self._drop(evicted, "to make room")
         ratings = self.ratings
         now = time.monotonic()
         skipped = 0
@@ -183,25 +186,6 @@ class PopulationLeague(Node):
             self.games_skipped += skipped
             self.log_rejection("games", f"games: skipped {skipped} game(s) naming {len(refused)} "
                                         f"new player(s) beyond the {MAX_RATED} rated at once")
-
-    def _make_room(self, named: list[str]) -> set[str]:
-        """Room for the new players among ``named``: the least recently seen non-members
-        that ``named`` does not hold are evicted as needed; what still does not fit (the
-        members always do) is returned, and its games are not rated."""
-        held = self.ratings.players
-        new = [name for name in named if name not in held]
-        others = [name for name in new if name not in self.member_names]
-        # the K members' places are never taken by non-members
-        room = MAX_RATED - len(self.member_names) - sum(
-            1 for name in held if name not in self.member_names)
-        if len(others) > room:
-            keep = set(named)
-            evictable = sorted((self.last_played.get(name, 0.0), name) for name in held
-                               if name not in self.member_names and name not in keep)
-            gone = [name for _, name in evictable[:len(others) - room]]
-            self._drop(gone, "to make room")
-            room += len(gone)
-        return set(others[max(room, 0):])
 
     def _drop(self, gone: list[str], why: str) -> None:
         if not gone:
@@ -232,8 +216,8 @@ class PopulationLeague(Node):
     def _forget(self) -> None:
         """Drop every player but the members that no game named for forget_after_s."""
         since = time.monotonic() - self.args.forget_after_s
-        self._drop([name for name in self.ratings.players if name not in self.member_names
-                    and self.last_played.get(name, since) <= since], "idle")
+        self._drop(room.idle(self.ratings.players, self.member_names, self.last_played,
+                             since), "idle")
 
     def _members(self) -> dict[str, float]:
         """The members' current policies' ratings, by member index."""
