@@ -229,7 +229,7 @@ class Replay(Node):
         self.stale_priorities = 0  # priorities messages for another incarnation's keys
         # priorities are taken only for keys served to the connection that sends them
         # (zmqrl.parts.replay.served): a window of the newest batches sent
-        self.served = ServedKeys(max(65_536, 64 * self.largest_batch))
+        self.served = ServedKeys()
         self.unserved_priorities = 0  # keys in priorities that their sender was not served
         self.restored_items = 0
         self.dropped_restored_items = 0  # restored, but of another layout than the run's
