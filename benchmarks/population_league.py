@@ -109,9 +109,9 @@ def run(args: argparse.Namespace) -> None:
 def _model(run_dir: Path, label: str) -> Any:
     import torch
 
-    from zmqrl.parts.acting.self_play import frozen_copy
     from zmqrl.parts.envs import env_spec
     from zmqrl.parts.models import build_model
+    from zmqrl.parts.selfplay.acting import frozen_copy
 
     raw = yaml.safe_load((run_dir / "topology.yaml").read_text()) \
         if (run_dir / "topology.yaml").exists() else yaml.safe_load(TOPOLOGY.read_text())

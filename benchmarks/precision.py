@@ -23,7 +23,7 @@ import yaml
 from conv_layout import best_ms
 
 from zmqrl.parts import algo_config
-from zmqrl.parts.algos.alphazero import AlphaZeroLearner
+from zmqrl.parts.alphazero.learner import AlphaZeroLearner
 from zmqrl.parts.devices import autocast, native_bfloat16
 from zmqrl.parts.envs import env_spec
 from zmqrl.parts.games import env_id

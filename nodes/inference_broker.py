@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from zmqrl.bus import messages, roles, wire
 from zmqrl.bus.metrics import LatencyReservoir
@@ -49,6 +50,16 @@ from zmqrl.parts.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
 from zmqrl.run.topology import NodeSpec, Topology, load_class
 
+
+class Outgoing(Protocol):
+    """What the broker's loop needs of its outbox: flush it, and pause while it is full."""
+
+    def flush(self) -> None: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def __len__(self) -> int: ...
 
 class InferenceBroker(Node):
     binds = {"policy": "router"}
@@ -160,8 +171,8 @@ class InferenceBroker(Node):
         # ports), and a node that runs no model must not load torch.
         import torch
 
-        from zmqrl.parts.acting.q_learning import replay_samples_by_priority
         from zmqrl.parts.devices import resolve_precision
+        from zmqrl.parts.dqn.acting import replay_samples_by_priority
         from zmqrl.parts.models import build_model, pick_device
 
         torch.set_num_threads(1)
@@ -173,7 +184,7 @@ class InferenceBroker(Node):
                                  algo=topo.algo_config).to(self.device)
         self.model.eval()
         cfg = topo.algo_config
-        self.behaviour_type = behaviour_for(topo.parts_config, acting=topo.acting)
+        self.behaviour_type = self.acting_behaviour()
         self.cfg = cfg
         self.unroll = getattr(cfg, "unroll", 0)  # (for the log line and tests)
         self.step_check = messages.Context.from_env(self.spec)
@@ -196,7 +207,7 @@ class InferenceBroker(Node):
         self.pending_keys: set[bytes] = set()  # connections with a step in self.pending
         self.pending_envs = 0
         self.first_pending_at = 0.0
-        self.outbox = Outbox(self, "experience", self.args.max_outbox)
+        self.outbox = self.experience_outbox()
         self.ship = "experience" in self.sockets
         self.pooled_episodes = EpisodeLog(keep=self.ship and
                                           self.behaviour_type.ships == wire.UNROLL)
@@ -209,7 +220,7 @@ class InferenceBroker(Node):
         self.batch_envs = 0
         self.latency = LatencyReservoir()
         self.every(5.0, self._forget_silent_actors)
-        self.pool_checkpointer = self._pool_checkpointer()
+        self.state_checkpointer = self.acting_state()
         # what each env of a connection holds beyond the caps (max_held_mib bounds it)
         self.held_bytes_per_env = self.behaviour_type.held_bytes_per_env(self._setup_for(b""))
         self.log.info("model on %s in %s, %s per connection%s", self.device,
@@ -393,10 +404,25 @@ class InferenceBroker(Node):
     def version(self) -> int:
         return self.params.version
 
-    def _pool_checkpointer(self) -> Checkpointer | None:
-        """Self-play: the opponent pool persists (``checkpoints/<label>.pool.pt``),
-        restored here and saved on a timer and at exit."""
-        from zmqrl.parts.acting.self_play import SelfPlayBehaviour, saved_pool
+    # ----- what a subclass replaces (the population broker: zmqrl/parts/selfplay) ------
+    # setup() asks each of these once, in this order; the answer is the broker's.
+    def acting_behaviour(self) -> type[Behaviour]:
+        """The behaviour class every actor connection is served by (``self.model`` is
+        built): the topology's."""
+        topo = self.ctx.topo
+        return behaviour_for(topo.parts_config, acting=topo.acting)
+
+    def experience_outbox(self) -> Outgoing:
+        """Where finished items wait for credit (the loop flushes it and pauses the
+        actors while it is full): one outbox on the ``experience`` link, which
+        :meth:`_ship` pushes to."""
+        return Outbox(self, "experience", self.args.max_outbox)
+
+    def acting_state(self) -> Checkpointer | None:
+        """What the acting keeps beyond the model, as a checkpointer: restored here,
+        saved on a timer and at exit. Self-play: the opponent pool
+        (``checkpoints/<label>.pool.pt``)."""
+        from zmqrl.parts.selfplay.acting import SelfPlayBehaviour, saved_pool
 
         if not issubclass(self.behaviour_type, SelfPlayBehaviour):
             return None
@@ -412,8 +438,8 @@ class InferenceBroker(Node):
         return checkpointer
 
     def teardown(self) -> None:
-        if self.pool_checkpointer is not None:
-            self.pool_checkpointer.save()
+        if self.state_checkpointer is not None:
+            self.state_checkpointer.save()
 
     def _forget_an_idle_connection(self) -> bool:
         """Make room for a new connection: forget the one heard from least recently

@@ -144,7 +144,7 @@ class League(Node):
 
     # ----- an evaluation ------------------------------------------------------------
     def _start(self) -> None:
-        from zmqrl.parts.acting.self_play import frozen_copy
+        from zmqrl.parts.selfplay.acting import frozen_copy
         from zmqrl.parts.selfplay.matches import Evaluation, Match, PolicyPlayer
 
         a, version = self.args, self.params.version
@@ -233,7 +233,7 @@ class League(Node):
             evaluated_version=self.evaluated_version).to_dict()
 
     def restore(self, state: dict[str, Any]) -> None:
-        from zmqrl.parts.acting.self_play import frozen_copy
+        from zmqrl.parts.selfplay.acting import frozen_copy
         from zmqrl.parts.selfplay.league_state import LeagueState
         from zmqrl.parts.selfplay.matches import PolicyPlayer
 

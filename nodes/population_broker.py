@@ -6,7 +6,7 @@ member's current model instead of one: its ``params`` link subscribes to every m
 learner and its ``experience`` link reaches each member's learner on a socket of its
 own (many-links: a population's shared node gets the member list from
 ``zmqrl/run/population.py``). Its behaviour is population play
-(``zmqrl.parts.acting.population_play``): every game is two players of the population,
+(``zmqrl.parts.selfplay.population_acting``): every game is two players of the population,
 the opponent drawn by a matchmaker (a part named in ``args.matchmaker``) by the ratings
 the league publishes (``ratings`` link), every seat a current policy plays trains that
 member, and every finished game goes to the league (``games`` link) to be rated.
@@ -108,41 +108,59 @@ class PopulationBroker(InferenceBroker):
             return columns
         return None if envs is None else max(1, envs // 2)
 
-    def setup(self) -> None:
-        super().setup()
-        from zmqrl.parts.acting.params import ParamsFollower
-        from zmqrl.parts.acting.population_play import bind
-        from zmqrl.parts.acting.self_play import frozen_copy
+    # The inference broker's setup asks these hooks, in this order, for its behaviour,
+    # its outbox and the acting state it persists; a population's are these.
+    def acting_behaviour(self) -> type:
+        """Population play over a roster of every member's model (the broker's own is
+        member 0's), its matchmaker and its packer width."""
+        from zmqrl.parts.selfplay.acting import frozen_copy
         from zmqrl.parts.selfplay.matchmaking import make
+        from zmqrl.parts.selfplay.population_acting import bind
         from zmqrl.parts.selfplay.roster import Roster
 
         a = self.args
         n = len(self.link_sockets("params"))
         models = [self.model] + [frozen_copy(self.model) for _ in range(n - 1)]
         self.roster = Roster(models, a.snapshot_every, a.pool_size)
-        self.followers = [self.params] + [ParamsFollower(m, self) for m in models[1:]]
-        self._latest: dict[int, wire.Message] = {}
-        self.behaviour_type = bind(self.model, self.roster,
-                                   make(a.matchmaker, self.ctx.topo.import_paths), a.columns)
-        self.member_outboxes = [Outbox(self, name, a.max_outbox)
+        self.frozen_copy = frozen_copy
+        return bind(self.roster, make(a.matchmaker, self.ctx.topo.import_paths), a.columns)
+
+    def experience_outbox(self) -> _Outboxes:
+        """One outbox per member's learner; the loop sees them as one."""
+        self.member_outboxes = [Outbox(self, name, self.args.max_outbox)
                                 for name in self.link_sockets("experience")]
-        self.outbox = _Outboxes(self.member_outboxes)  # what the broker's loop flushes
+        return _Outboxes(self.member_outboxes)
+
+    def acting_state(self) -> Checkpointer:
+        """The roster's snapshots (``checkpoints/<label>.roster.pt``)."""
+        checkpointer = Checkpointer(
+            node_checkpoint(self.ctx.run_dir, self.ctx.label, ".roster" + TORCH.suffix),
+            self._Saved(self), format=TORCH, log=self.log)
+        if checkpointer.restore_if_present():
+            self.log.info("resumed the roster: %s", ", ".join(
+                s.name for s in self.roster.snapshots.values()) or "no snapshots")
+        if self.args.checkpoint_every_s > 0:
+            self.every(self.args.checkpoint_every_s, checkpointer.save)
+        return checkpointer
+
+    def setup(self) -> None:
+        super().setup()
+        from zmqrl.parts.acting.params import ParamsFollower
+
+        a = self.args
+        # member k's parameters arrive on params link k: the broker's own follower
+        # loads member 0's, one more per other member
+        self.followers = [self.params] + [ParamsFollower(m, self)
+                                          for m in self.roster.members[1:]]
+        self._latest: dict[int, wire.Message] = {}
         self.ship = bool(self.member_outboxes)
         self.games_sent = self.games_refused = 0
         self.unsent: list[tuple[str, str, float]] = []
-        self.frozen_copy = frozen_copy
         self.roster.keep_games = "games" in self.sockets  # else only counted
         if self.roster.keep_games:
             self.every(a.games_every_s, self._send_games)
-        self.roster_checkpointer = Checkpointer(
-            node_checkpoint(self.ctx.run_dir, self.ctx.label, ".roster" + TORCH.suffix),
-            self._Saved(self), format=TORCH, log=self.log)
-        if self.roster_checkpointer.restore_if_present():
-            self.log.info("resumed the roster: %s", ", ".join(
-                s.name for s in self.roster.snapshots.values()) or "no snapshots")
-        if a.checkpoint_every_s > 0:
-            self.every(a.checkpoint_every_s, self.roster_checkpointer.save)
-        self.log.info("population of %d: matchmaker %s", n, a.matchmaker)
+        self.log.info("population of %d: matchmaker %s", len(self.roster.members),
+                      a.matchmaker)
 
     # ----- inputs -------------------------------------------------------------------
     def on_policy(self, envelope: list, msg: wire.Message) -> None:
@@ -231,10 +249,6 @@ class PopulationBroker(InferenceBroker):
                    snapshots=len(self.roster.snapshots),
                    member_versions=min(self.roster.versions))
         return row
-
-    def teardown(self) -> None:
-        self.roster_checkpointer.save()
-        super().teardown()
 
     class _Saved:
         """The roster's snapshots as a checkpoint Saveable (state dicts; restored into

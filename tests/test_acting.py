@@ -20,9 +20,11 @@ from zmqrl.parts.acting import (
     behaviour_for,
     behaviour_type,
 )
-from zmqrl.parts.algo_config import DQNConfig, R2D2Config, VTraceConfig
+from zmqrl.parts.actor_critic.config import VTraceConfig
+from zmqrl.parts.dqn.config import DQNConfig
 from zmqrl.parts.envs import EnvSpec
 from zmqrl.parts.models import build_model
+from zmqrl.parts.r2d2.config import R2D2Config
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),
@@ -168,7 +170,7 @@ def test_inserts_wait_for_insert_batch_and_carry_priorities_only_when_asked():
 
 
 def test_only_a_prioritized_replay_is_sent_priorities(tmp_path):
-    from zmqrl.parts.acting.q_learning import replay_samples_by_priority
+    from zmqrl.parts.dqn.acting import replay_samples_by_priority
     from zmqrl.run.topology import load as load_topology
 
     apex = load_topology(REPO / "topologies" / "apex.yaml")

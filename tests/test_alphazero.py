@@ -16,8 +16,8 @@ pytest.importorskip("pyspiel")
 
 from zmqrl.bus import messages, wire  # noqa: E402
 from zmqrl.parts.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
-from zmqrl.parts.algo_config import AlphaZeroConfig  # noqa: E402
-from zmqrl.parts.algos.alphazero import AlphaZeroLearner  # noqa: E402
+from zmqrl.parts.alphazero.config import AlphaZeroConfig  # noqa: E402
+from zmqrl.parts.alphazero.learner import AlphaZeroLearner  # noqa: E402
 from zmqrl.parts.envs import env_spec  # noqa: E402
 from zmqrl.parts.games import Game, GameEnv, env_id, game_name  # noqa: E402
 from zmqrl.parts.models import build_model  # noqa: E402

@@ -11,12 +11,13 @@ import torch
 from torch import nn
 from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
 
-from zmqrl.parts.algos.a2c import A2CConfig, A2CLearner
-from zmqrl.parts.algos.actor_critic import evaluate_unrolls
-from zmqrl.parts.algos.vtrace import VTraceConfig, VTraceLearner, impala_loss, vtrace
+from zmqrl.parts.actor_critic.a2c import A2CConfig, A2CLearner
+from zmqrl.parts.actor_critic.learner import evaluate_unrolls
+from zmqrl.parts.actor_critic.models import ActorCritic
+from zmqrl.parts.actor_critic.vtrace import VTraceConfig, VTraceLearner, impala_loss, vtrace
 from zmqrl.parts.envs import EnvSpec
 from zmqrl.parts.models import build_model, load_state_arrays, state_arrays
-from zmqrl.parts.models.feedforward import ActorCritic, _init, mlp
+from zmqrl.parts.models.feedforward import init_orthogonal, mlp
 from zmqrl.parts.models.normalization import RunningNorm
 
 DISCRETE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),
@@ -153,8 +154,8 @@ class OldActorCritic(nn.Module):
         obs_dim = int(torch.tensor(spec.obs_shape).prod()) if spec.obs_shape else 1
         self.policy = mlp([obs_dim, *hidden, spec.num_actions])
         self.value = mlp([obs_dim, *hidden, 1])
-        _init(self.policy, 0.01)
-        _init(self.value, 1.0)
+        init_orthogonal(self.policy, 0.01)
+        init_orthogonal(self.value, 1.0)
 
     def forward(self, obs):
         flat = obs.reshape(obs.shape[0], -1)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.parts.algos.a2c import A2CConfig, A2CLearner, a2c_loss, nstep_returns
-from zmqrl.parts.algos.dqn import (
+from zmqrl.parts.actor_critic.a2c import A2CConfig, A2CLearner, a2c_loss, nstep_returns
+from zmqrl.parts.dqn.learner import (
     DQNConfig,
     DQNLearner,
     NStepAccumulator,
@@ -17,8 +17,9 @@ from zmqrl.parts.algos.dqn import (
     n_step_returns,
     td_priorities,
 )
+from zmqrl.parts.dqn.models import DuelingQNetwork
 from zmqrl.parts.envs import EnvSpec
-from zmqrl.parts.models import MODEL_KINDS, DuelingQNetwork, build_model
+from zmqrl.parts.models import MODEL_KINDS, build_model
 
 GAMMA = 0.9
 SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),

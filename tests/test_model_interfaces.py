@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from zmqrl import plugins
+from zmqrl.parts.actor_critic.models import ActorCritic
+from zmqrl.parts.dqn.models import DuelingQNetwork
 from zmqrl.parts.envs import EnvSpec
 from zmqrl.parts.models import model_interface, model_type
-from zmqrl.parts.models.feedforward import ActorCritic, DuelingQNetwork
 from zmqrl.parts.models.interfaces import PROTOCOLS, check_model
 
 torch.set_num_threads(1)

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from zmqrl.parts import algo_config
-from zmqrl.parts.algo_config import VTraceConfig
+from zmqrl.parts.actor_critic.config import VTraceConfig
 from zmqrl.run import population
 from zmqrl.run.population import Member, Settings, decide, sample_all
 from zmqrl.run.topology import TopologyError, load

@@ -117,7 +117,7 @@ import os
 from pathlib import Path
 
 from nodes.actor import Actor
-from zmqrl.parts.acting.actor_critic import ActorCriticBehaviour
+from zmqrl.parts.actor_critic.acting import ActorCriticBehaviour
 
 
 class CountingActor(Actor):

@@ -1,4 +1,4 @@
-"""Population play (zmqrl.parts.acting.population_play, zmqrl.parts.selfplay.roster) on
+"""Population play (zmqrl.parts.selfplay.population_acting, zmqrl.parts.selfplay.roster) on
 real game envs: every seat a member's current policy plays trains that member, whole
 games packed into its unrolls with the outcome attributed to the right move; a
 snapshot's seat trains no one; each row is played by its own player's model; every
@@ -16,13 +16,13 @@ import torch
 pytest.importorskip("pyspiel")
 
 from zmqrl.parts.acting import ActingSetup, act_batched  # noqa: E402
-from zmqrl.parts.acting.population_play import bind  # noqa: E402
-from zmqrl.parts.acting.self_play import frozen_copy  # noqa: E402
-from zmqrl.parts.algo_config import VTraceConfig  # noqa: E402
+from zmqrl.parts.actor_critic.config import VTraceConfig  # noqa: E402
 from zmqrl.parts.envs import env_spec, make_vector_env  # noqa: E402
 from zmqrl.parts.games import env_id  # noqa: E402
 from zmqrl.parts.models import build_model  # noqa: E402
+from zmqrl.parts.selfplay.acting import frozen_copy  # noqa: E402
 from zmqrl.parts.selfplay.matchmaking import make  # noqa: E402
+from zmqrl.parts.selfplay.population_acting import bind  # noqa: E402
 from zmqrl.parts.selfplay.roster import Roster  # noqa: E402
 from zmqrl.run import population  # noqa: E402
 
@@ -35,7 +35,7 @@ def population_setup(members: int = 2, snapshot_every: int = 10, pool_size: int 
     model = build_model({"kind": "mlp", "hidden": [32]}, spec, 0)
     models = [model] + [frozen_copy(model) for _ in range(members - 1)]
     roster = Roster(models, snapshot_every, pool_size)
-    cls = bind(model, roster, make(matchmaker or {"kind": "uniform"}), columns)
+    cls = bind(roster, make(matchmaker or {"kind": "uniform"}), columns)
     return cls, ActingSetup(spec, model, VTraceConfig(unroll=unroll), seed=0), roster
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from zmqrl.parts.actor_critic.a2c import nstep_returns
+from zmqrl.parts.actor_critic.ppo import PPOConfig, PPOLearner, gae, ppo_loss
 from zmqrl.parts.algos import ALGOS, UNROLL_ALGOS, make_algo
-from zmqrl.parts.algos.a2c import nstep_returns
-from zmqrl.parts.algos.ppo import PPOConfig, PPOLearner, gae, ppo_loss
 from zmqrl.parts.envs import EnvSpec
 from zmqrl.parts.models import build_model
 

@@ -18,24 +18,20 @@ import yaml
 pytest.importorskip("pyspiel")
 
 from zmqrl.parts.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
-from zmqrl.parts.algo_config import (  # noqa: E402
-    REPLAY,
-    SEARCH,
-    SEQUENCE,
-    AlphaZeroConfig,
-    DQNConfig,
-    R2D2Config,
-)
-from zmqrl.parts.algos.alphazero import AlphaZeroLearner  # noqa: E402
+from zmqrl.parts.algo_config import REPLAY, SEARCH, SEQUENCE  # noqa: E402
+from zmqrl.parts.alphazero.config import AlphaZeroConfig  # noqa: E402
+from zmqrl.parts.alphazero.learner import AlphaZeroLearner  # noqa: E402
 from zmqrl.parts.devices import (  # noqa: E402
     autocast,
     check_precision,
     native_bfloat16,
     resolve_precision,
 )
+from zmqrl.parts.dqn.config import DQNConfig  # noqa: E402
 from zmqrl.parts.envs import EnvSpec, env_spec  # noqa: E402
 from zmqrl.parts.games import env_id  # noqa: E402
 from zmqrl.parts.models import build_model, load_state_arrays, state_arrays  # noqa: E402
+from zmqrl.parts.r2d2.config import R2D2Config  # noqa: E402
 from zmqrl.run.topology import TopologyError, from_dict  # noqa: E402
 
 from conftest import REPO  # noqa: E402

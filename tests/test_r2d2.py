@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from zmqrl.parts.algos import ALGOS, make_algo
-from zmqrl.parts.algos.r2d2 import (
+from zmqrl.parts.envs import EnvSpec
+from zmqrl.parts.models import MODEL_KINDS, build_model
+from zmqrl.parts.models.recurrent import LSTMCore
+from zmqrl.parts.r2d2.learner import (
     R2D2Config,
     R2D2Learner,
     first_flags,
@@ -20,9 +23,7 @@ from zmqrl.parts.algos.r2d2 import (
     sequence_priorities,
     sequence_td,
 )
-from zmqrl.parts.envs import EnvSpec
-from zmqrl.parts.models import MODEL_KINDS, build_model
-from zmqrl.parts.models.recurrent import LSTMCore, RecurrentQNetwork
+from zmqrl.parts.r2d2.models import RecurrentQNetwork
 from zmqrl.parts.sequences import RecurrentEnvs, SequenceBuilder, truncation_bootstrap
 
 SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),

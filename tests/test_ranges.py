@@ -16,8 +16,11 @@ from click.testing import CliRunner
 
 from zmqrl.cli import main
 from zmqrl.parts import algo_config, bounds
-from zmqrl.parts.algo_config import CONFIGS, AlphaZeroConfig, PPOConfig, R2D2Config, VTraceConfig
+from zmqrl.parts.actor_critic.config import PPOConfig, VTraceConfig
+from zmqrl.parts.algo_config import CONFIGS
+from zmqrl.parts.alphazero.config import AlphaZeroConfig
 from zmqrl.parts.bounds import Range
+from zmqrl.parts.r2d2.config import R2D2Config
 from zmqrl.run.topology import TopologyError, load
 
 from conftest import REPO

@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch.distributions import Categorical, Normal
 
-from zmqrl.parts.algos.actor_critic import evaluate_unrolls
-from zmqrl.parts.algos.vtrace import VTraceConfig, VTraceLearner
+from zmqrl.parts.actor_critic.learner import evaluate_unrolls
+from zmqrl.parts.actor_critic.models import RecurrentActorCritic
+from zmqrl.parts.actor_critic.vtrace import VTraceConfig, VTraceLearner
 from zmqrl.parts.envs import EnvSpec
 from zmqrl.parts.models import MODEL_KINDS, build_model, load_state_arrays, state_arrays
-from zmqrl.parts.models.recurrent import RecurrentActorCritic, reset_state
+from zmqrl.parts.models.recurrent import reset_state
 from zmqrl.parts.unroll import UnrollBuilder
 
 DISCRETE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_shape=(),

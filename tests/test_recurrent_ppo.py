@@ -18,8 +18,8 @@ import yaml
 from click.testing import CliRunner
 
 from zmqrl.cli import main
-from zmqrl.parts.algos.ppo import PPOConfig, PPOLearner
-from zmqrl.parts.algos.recurrent_ppo import evaluate_sequences
+from zmqrl.parts.actor_critic.ppo import PPOConfig, PPOLearner
+from zmqrl.parts.actor_critic.recurrent_ppo import evaluate_sequences
 from zmqrl.parts.envs import EnvSpec
 from zmqrl.parts.models import build_model
 

@@ -16,17 +16,17 @@ import torch
 pytest.importorskip("pyspiel")
 
 from zmqrl.parts.acting import ActingSetup, act_batched, behaviour_for  # noqa: E402
-from zmqrl.parts.acting.self_play import (  # noqa: E402
+from zmqrl.parts.actor_critic.config import VTraceConfig  # noqa: E402
+from zmqrl.parts.envs import env_spec, make_vector_env  # noqa: E402
+from zmqrl.parts.games import Game, env_id  # noqa: E402
+from zmqrl.parts.models import build_model  # noqa: E402
+from zmqrl.parts.selfplay import elo  # noqa: E402
+from zmqrl.parts.selfplay.acting import (  # noqa: E402
     SelfPlayBehaviour,
     frozen_copy,
     player_to_move,
     pool_for,
 )
-from zmqrl.parts.algo_config import VTraceConfig  # noqa: E402
-from zmqrl.parts.envs import env_spec, make_vector_env  # noqa: E402
-from zmqrl.parts.games import Game, env_id  # noqa: E402
-from zmqrl.parts.models import build_model  # noqa: E402
-from zmqrl.parts.selfplay import elo  # noqa: E402
 from zmqrl.parts.selfplay.config import SelfPlayConfig  # noqa: E402
 from zmqrl.parts.selfplay.matches import Evaluation, Match, PolicyPlayer, RandomPlayer  # noqa: E402
 from zmqrl.parts.selfplay.pool import LATEST, OpponentPool  # noqa: E402

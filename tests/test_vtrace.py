@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.parts.algos.vtrace import VTraceReturns, impala_loss, vtrace
+from zmqrl.parts.actor_critic.vtrace import VTraceReturns, impala_loss, vtrace
 
 CLIPS = [(1.0, 1.0), (0.5, 0.9), (2.0, 1.0), (None, None)]
 

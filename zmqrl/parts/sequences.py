@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zmqrl.parts.algos.r2d2 import R2D2Config, actor_priorities, h_inv
 from zmqrl.parts.envs import EnvSpec
+from zmqrl.parts.r2d2.learner import R2D2Config, actor_priorities, h_inv
 
 
 class SequenceBuilder:

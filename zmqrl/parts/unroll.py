@@ -88,7 +88,7 @@ class UnrollBuilder:
 class PolicyState:
     """The LSTM state of n envs under a recurrent actor-critic (``lstm_ac``) between
     steps, kept by the actor-critic behaviour of each connection
-    (``zmqrl.parts.acting.actor_critic``), batched with the others into one forward pass.
+    (``zmqrl.parts.actor_critic.acting``), batched with the others into one forward pass.
 
     Per step: ``inputs()`` gives (first, h, c) with the state already zeroed where an
     episode starts (what the unroll stores), ``advance(h2, c2)`` keeps the state after

@@ -29,10 +29,10 @@ from zmqrl.parts.acting.envs import EpisodeTracker, RewardScaler, apex_epsilon, 
 from zmqrl.parts.algo_config import CONFIGS, AlgoConfig, Parts
 
 if TYPE_CHECKING:  # for type checkers only: importing them loads torch
-    from zmqrl.parts.acting.actor_critic import ActorCriticBehaviour
-    from zmqrl.parts.acting.gradients import GradientBehaviour
-    from zmqrl.parts.acting.q_learning import EpsilonGreedyBehaviour
-    from zmqrl.parts.acting.recurrent_q import RecurrentQBehaviour
+    from zmqrl.parts.actor_critic.a3c import GradientBehaviour
+    from zmqrl.parts.actor_critic.acting import ActorCriticBehaviour
+    from zmqrl.parts.dqn.acting import EpsilonGreedyBehaviour
+    from zmqrl.parts.r2d2.acting import RecurrentQBehaviour
 
 DESTINATIONS = ("experience", "param_server")
 

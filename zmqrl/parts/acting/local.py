@@ -21,7 +21,7 @@ from zmqrl.bus import wire
 from zmqrl.bus.node import Outbox
 from zmqrl.parts.acting import ActingSetup, EpisodeLog, act_batched, behaviour_for, final_obs
 from zmqrl.parts.acting.params import ParamsFollower
-from zmqrl.parts.acting.q_learning import replay_samples_by_priority
+from zmqrl.parts.dqn.acting import replay_samples_by_priority
 from zmqrl.parts.models import build_model
 
 

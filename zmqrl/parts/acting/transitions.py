@@ -19,7 +19,7 @@ import numpy as np
 
 from zmqrl.bus import wire
 from zmqrl.parts.acting.behaviour import ActingSetup, Behaviour, Item, take_all
-from zmqrl.parts.algos.dqn import NStepAccumulator
+from zmqrl.parts.dqn.learner import NStepAccumulator
 
 
 class NStepTransitionBehaviour(Behaviour):

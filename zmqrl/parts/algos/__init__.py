@@ -1,10 +1,17 @@
-"""Pure loss functions over tensors, and the learners built from them: no sockets.
+"""The registry of algorithms and what their learners share (no sockets).
 
-An algorithm is its config dataclass (:mod:`zmqrl.parts.algo_config`, torch-free, registered in
-the ``zmqrl.algos`` entry-point group or named by import path) and the learner class
-that config names (``Config.learner``); :func:`make_algo` builds the learner object from
-a parsed config. What a learner class must provide is :class:`zmqrl.parts.algos.protocol.Learner`.
-``ALGOS`` is a read-only view of the registered ones.
+An algorithm is its config dataclass (torch-free, registered in the ``zmqrl.algos``
+entry-point group or named by import path) and the learner class that config names
+(``Config.learner``); :func:`make_algo` builds the learner object from a parsed config.
+What a learner class must provide is :class:`zmqrl.run.contracts.Learner`. ``ALGOS`` is a
+read-only view of the registered ones.
+
+Each algorithm family sits in its own folder, laid out as a plug-in is
+(``zmqrl.parts.dqn``, ``.r2d2``, ``.actor_critic``, ``.alphazero``, ``.continuous``,
+``.muzero``: config, models, acting, learner). This package holds the pieces several
+families' learners share: the gradient step (:mod:`.gradients`), optimizers and
+schedules (:mod:`.optim`) and the target-network base of the Q-learners
+(:mod:`.target_q`: DQN, R2D2, TD3 and SAC).
 """
 
 from __future__ import annotations

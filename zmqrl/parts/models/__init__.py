@@ -6,8 +6,11 @@ import path ``module:Name``. Either names a callable taking (EnvSpec, **options)
 class or a factory — whose ``interface`` attribute says what the network provides
 (``actor_critic``, ``q``, ``recurrent_q``, ``policy_value``, or a plug-in's own): an
 algorithm's config names the interface its learner needs (``model_interface``), and
-``zmqrl validate`` checks that the two agree. The networks live in one module per
-family (feed-forward, recurrent, conv).
+``zmqrl validate`` checks that the two agree. Each algorithm family's networks live in
+its own folder (``zmqrl.parts.dqn.models``, ``zmqrl.parts.actor_critic.models``, ...),
+registered as a plug-in's are; this package holds what they share: the MLP helpers
+(:mod:`.feedforward`), the LSTM core (:mod:`.recurrent`), the pixel torsos
+(:mod:`.conv`), observation normalization and the interfaces' contracts.
 """
 
 from __future__ import annotations
@@ -23,16 +26,6 @@ from torch import nn
 from zmqrl import plugins
 from zmqrl.parts.devices import pick_device  # noqa: F401 (re-exported: nodes import it here)
 from zmqrl.parts.envs import EnvSpec
-from zmqrl.parts.models.board import BoardActorCritic  # noqa: F401 (re-exported)
-from zmqrl.parts.models.conv import (  # noqa: F401 (re-exported)
-    ConvActorCritic,
-    ConvDuelingQNetwork,
-    ConvLSTMActorCritic,
-    ConvLSTMQNetwork,
-)
-from zmqrl.parts.models.feedforward import ActorCritic, DuelingQNetwork  # noqa: F401
-from zmqrl.parts.models.policy_value import PolicyValueConv, PolicyValueMLP  # noqa: F401
-from zmqrl.parts.models.recurrent import RecurrentActorCritic, RecurrentQNetwork  # noqa: F401
 
 DEFAULT_MODEL = "mlp"
 

@@ -1,4 +1,4 @@
-"""Convolutional networks over pixel observations [C, H, W] (Atari, MinAtar).
+"""The convolutional torsos over pixel observations [C, H, W] (Atari, MinAtar).
 
 Two torsos, each followed by ReLU fully connected layers, ``hidden`` (a width or a list
 of widths, as the MLP kinds' ``hidden``; empty: the flat conv output):
@@ -17,20 +17,12 @@ pixel values) on the model's device, so frames stay uint8 until then — on the 
 unrolls, in replay and in the learner's batches. It divides whatever the dtype: a model
 is given pixel values; ``scale: 1`` for observations already in [0, 1].
 
-Heads on either torso (model kinds: the ``zmqrl.models`` entry points at the end):
-
-=========================  =========================================  ==================
-kind                       network                                    algorithms
-=========================  =========================================  ==================
-``nature_cnn``             torso -> policy logits, value              vtrace, a2c, ppo
-``impala_cnn``
-``nature_cnn_lstm``        torso -> LSTM -> policy, value             vtrace, a2c
-``impala_cnn_lstm``        (``zmqrl.parts.models.recurrent.LSTMActorCritic``)
-``dueling_nature_cnn``     torso -> dueling Q                         dqn
-``dueling_impala_cnn``
-``nature_cnn_lstm_q``      torso -> LSTM -> dueling Q (R2D2)          r2d2
-``impala_cnn_lstm_q``
-=========================  =========================================  ==================
+The heads on either torso are each algorithm family's (model kinds registered in the
+``zmqrl.models`` entry points): ``nature_cnn``, ``impala_cnn`` and their ``_lstm`` kinds in
+``zmqrl.parts.actor_critic.models``; ``dueling_nature_cnn``, ``dueling_impala_cnn`` in
+``zmqrl.parts.dqn.models``; ``nature_cnn_lstm_q``, ``impala_cnn_lstm_q`` in
+``zmqrl.parts.r2d2.models``. Each builds its torso with :func:`make_torso` and its
+kinds with :func:`on_torso`, as a plug-in's pixel model can.
 
 Options: the torso's (above, and ``hidden``, ``scale``) and, for the LSTM kinds,
 ``lstm`` (the core's size, 256 by default as in IMPALA and R2D2).
@@ -45,13 +37,6 @@ import torch
 from torch import nn
 
 from zmqrl.parts.envs import EnvSpec
-from zmqrl.parts.models.feedforward import (
-    discrete_actions,
-    dueling_q,
-    init_dueling,
-    sample_categorical,
-)
-from zmqrl.parts.models.recurrent import LSTMActorCritic, LSTMQNetwork
 
 NATURE_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
 IMPALA_CHANNELS = (16, 32, 32)
@@ -140,111 +125,20 @@ def impala_torso(spec: EnvSpec, kind: str, channels: Sequence[int] = IMPALA_CHAN
 TORSOS = {"nature": nature_torso, "impala": impala_torso}
 
 
-def _torso(name: str, spec: EnvSpec, kind: str, options: dict) -> PixelTorso:
+def make_torso(name: str, spec: EnvSpec, kind: str, options: dict) -> PixelTorso:
     if name not in TORSOS:
         raise ValueError(f"model {kind}: unknown torso {name!r} (known: {', '.join(TORSOS)})")
     return TORSOS[name](spec, kind, **options)
 
 
-def _orthogonal(module: nn.Module, gain: float) -> None:
+def orthogonal_init(module: nn.Module, gain: float) -> None:
     for layer in module.modules():
         if isinstance(layer, (nn.Linear, nn.Conv2d)):
             nn.init.orthogonal_(layer.weight, gain)
             nn.init.zeros_(layer.bias)
 
 
-class ConvActorCritic(nn.Module):
-    """Kinds ``nature_cnn``, ``impala_cnn``: a shared conv torso, a policy head (logits)
-    and a value head. Discrete actions. The API of ``ActorCritic``: ``forward``,
-    ``evaluate`` (learner), ``act`` (behaviour), ``state_values`` (bootstraps)."""
-
-    interface = "actor_critic"  # what it provides (zmqrl.parts.models: algo configs need one)
-
-    def __init__(self, spec: EnvSpec, torso: str = "nature", **options):
-        super().__init__()
-        kind = f"{torso}_cnn"
-        if spec.num_actions is None:
-            raise ValueError(f"model {kind} needs a discrete action space")
-        self.torso = _torso(torso, spec, kind, options)
-        self.policy = nn.Linear(self.torso.features, spec.num_actions)
-        self.value = nn.Linear(self.torso.features, 1)
-        # CleanRL's Atari init: orthogonal, sqrt(2) in the torso, a near-uniform policy.
-        _orthogonal(self.torso, 2**0.5)
-        _orthogonal(self.policy, 0.01)
-        _orthogonal(self.value, 1.0)
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [N, A] and values [N] for observations [N, C, H, W]."""
-        h = self.torso(obs)
-        return self.policy(h), self.value(h).squeeze(-1)
-
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """log pi(action | obs) [N], policy entropy [N] and V(obs) [N], with autograd."""
-        logits, values = self(obs)
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-        return logp, -(logp_all.exp() * logp_all).sum(-1), values
-
-    @torch.inference_mode()
-    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled actions int64 [N] and their log-probabilities [N]."""
-        logp_all = torch.log_softmax(self.policy(self.torso(obs)), dim=-1)
-        action = sample_categorical(logp_all)  # torch.distributions: ~30 us slower
-        return action.squeeze(-1), logp_all.gather(-1, action).squeeze(-1)
-
-    @torch.inference_mode()
-    def state_values(self, obs: torch.Tensor) -> torch.Tensor:
-        """V(obs) [N]: what a time-limit truncation bootstraps from."""
-        return self.value(self.torso(obs)).squeeze(-1)
-
-
-class ConvDuelingQNetwork(nn.Module):
-    """Kinds ``dueling_nature_cnn``, ``dueling_impala_cnn``: a conv torso and a dueling
-    head, Q = V + A - mean_a A (Wang et al. 2016). The API of ``DuelingQNetwork``."""
-
-    interface = "q"  # what it provides (zmqrl.parts.models: algo configs need one)
-
-    def __init__(self, spec: EnvSpec, torso: str = "nature", **options):
-        super().__init__()
-        kind = f"dueling_{torso}_cnn"
-        num_actions = discrete_actions(spec, kind)
-        self.torso = _torso(torso, spec, kind, options)
-        self.value = nn.Linear(self.torso.features, 1)
-        self.advantage = nn.Linear(self.torso.features, num_actions)
-        init_dueling(self.torso, self.value, self.advantage)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Q-values [N, A] for observations [N, C, H, W]."""
-        return dueling_q(self.torso(obs), self.value, self.advantage)
-
-    @torch.inference_mode()
-    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
-        return self(obs)
-
-
-class ConvLSTMActorCritic(LSTMActorCritic):
-    """Kinds ``nature_cnn_lstm``, ``impala_cnn_lstm``: conv torso -> LSTM -> policy and
-    value (the recurrent actor-critic API: ``step``, ``step_values``, ``unroll``)."""
-
-    def __init__(self, spec: EnvSpec, torso: str = "nature", lstm: int = 256,
-                 log_std_init: float = 0.0, **options):
-        body = _torso(torso, spec, f"{torso}_cnn_lstm", options)
-        super().__init__(spec, body, body.features, lstm, log_std_init)
-
-
-class ConvLSTMQNetwork(LSTMQNetwork):
-    """Kinds ``nature_cnn_lstm_q``, ``impala_cnn_lstm_q``: R2D2's network on pixels,
-    conv torso -> LSTM -> dueling Q."""
-
-    def __init__(self, spec: EnvSpec, torso: str = "nature", lstm: int = 256, **options):
-        kind = f"{torso}_cnn_lstm_q"
-        body = _torso(torso, spec, kind, options)
-        super().__init__(spec, kind, body, body.features, lstm)
-
-
-
-def _on_torso(cls: type[nn.Module], torso: str, interface: str) -> Callable[..., nn.Module]:
+def on_torso(cls: type[nn.Module], torso: str, interface: str) -> Callable[..., nn.Module]:
     """``cls`` with its torso fixed by the kind's name (not an option of the YAML)."""
     def make(spec: EnvSpec, **options: Any) -> nn.Module:
         if "torso" in options:
@@ -254,13 +148,3 @@ def _on_torso(cls: type[nn.Module], torso: str, interface: str) -> Callable[...,
     make.interface = interface  # type: ignore[attr-defined]  (see zmqrl.parts.models)
     return make
 
-
-# The model kinds on each torso: entry points of zmqrl's pyproject.toml (group zmqrl.models).
-nature_cnn = _on_torso(ConvActorCritic, "nature", "actor_critic")
-impala_cnn = _on_torso(ConvActorCritic, "impala", "actor_critic")
-nature_cnn_lstm = _on_torso(ConvLSTMActorCritic, "nature", "actor_critic")
-impala_cnn_lstm = _on_torso(ConvLSTMActorCritic, "impala", "actor_critic")
-dueling_nature_cnn = _on_torso(ConvDuelingQNetwork, "nature", "q")
-dueling_impala_cnn = _on_torso(ConvDuelingQNetwork, "impala", "q")
-nature_cnn_lstm_q = _on_torso(ConvLSTMQNetwork, "nature", "recurrent_q")
-impala_cnn_lstm_q = _on_torso(ConvLSTMQNetwork, "impala", "recurrent_q")

@@ -53,7 +53,7 @@ Evaluator = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 @dataclass(frozen=True)
 class SearchParams:
     """What the search and self-play need of ``algo``
-    (``zmqrl.parts.algo_config.AlphaZeroConfig``)."""
+    (``zmqrl.parts.alphazero.config.AlphaZeroConfig``)."""
 
     num_simulations: int = 50
     c_puct: float = 1.5
@@ -461,7 +461,7 @@ def uniform_for(game: Game) -> Evaluator:
 
 def model_evaluator(model: Any, one_by_one: bool = False,
                     precision: str = "float32") -> Evaluator:
-    """The policy-value ``model`` (``zmqrl.parts.models.policy_value``) in this process: all
+    """The policy-value ``model`` (``zmqrl.parts.alphazero.models``) in this process: all
     leaves in one forward pass, or (``one_by_one``) a forward pass per leaf, as a
     search that does not batch evaluates them; in ``precision`` (as the inference
     broker's arg of that name)."""

@@ -2,8 +2,10 @@
 (:mod:`zmqrl.parts.selfplay.config`), the opponent pool the acting side samples opponents from
 (:mod:`zmqrl.parts.selfplay.pool`), and the ratings the league node keeps
 (:mod:`zmqrl.parts.selfplay.elo`) and its checkpoint
-(:mod:`zmqrl.parts.selfplay.league_state`). The behaviour that plays is
-``zmqrl.parts.acting.self_play``.
+(:mod:`zmqrl.parts.selfplay.league_state`). The behaviours that play are
+``zmqrl.parts.selfplay.acting`` (one learner against its pool) and
+``zmqrl.parts.selfplay.population_acting`` (a population's members against each other);
+``zmqrl.parts.selfplay.models`` holds the board actor-critic (``board_mlp``).
 
 Importing this package loads no torch.
 """

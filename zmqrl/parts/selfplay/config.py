@@ -2,7 +2,7 @@
 (defaults here only), and what ``zmqrl validate`` checks about it.
 
 A topology with the section acts through the self-play behaviour
-(``zmqrl.parts.acting.self_play``, chosen by ``zmqrl.parts.acting.behaviour_for``): every env is a
+(``zmqrl.parts.selfplay.acting``, chosen by ``zmqrl.parts.acting.behaviour_for``): every env is a
 game between the learner's policy and an opponent drawn per episode from a pool of its
 past snapshots. It needs a two-player OpenSpiel game env whose every step is the move of
 whoever is to play (``env.kwargs.opponent: self``) and an actor-critic (``unroll``)

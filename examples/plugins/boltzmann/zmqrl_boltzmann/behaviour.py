@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from zmqrl.parts.acting.behaviour import ActingSetup
-from zmqrl.parts.acting.q_learning import EpsilonGreedyBehaviour
+from zmqrl.parts.dqn.acting import EpsilonGreedyBehaviour
 
 
 class BoltzmannBehaviour(EpsilonGreedyBehaviour):

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from zmqrl.parts.algo_config import AlphaZeroConfig
 from zmqrl.parts.algos import gradients
 from zmqrl.parts.algos.optim import linear_lr, make_adam
+from zmqrl.parts.alphazero.config import AlphaZeroConfig
 from zmqrl.parts.devices import autocast
 
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
+from zmqrl.parts.actor_critic.models import ActorCritic
 from zmqrl.parts.envs import EnvSpec
-from zmqrl.parts.models.feedforward import ActorCritic
 
 ILLEGAL_LOGIT = -1e9  # finite: a board with no legal move (a final one) stays NaN-free
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zmqrl.parts.algo_config import R2D2Config
 from zmqrl.parts.algos.optim import make_adam
 from zmqrl.parts.algos.target_q import TargetQLearner
+from zmqrl.parts.r2d2.config import R2D2Config
 
 # ------------------------------------------------------------------ value rescaling
 

@@ -10,7 +10,7 @@ shipped with the unrolls (on-policy they equal the pre-update policy's).
 
 Recurrent models (``model.recurrent``, e.g. ``lstm_ac``): a minibatch is a set of whole
 env columns of the unroll, each evaluated in time order from the LSTM state it started
-with, not a set of shuffled steps (``zmqrl.parts.algos.recurrent_ppo``); ``minibatches`` then
+with, not a set of shuffled steps (``zmqrl.parts.actor_critic.recurrent_ppo``); ``minibatches`` then
 splits the rank's env columns.
 
 Data parallelism: several learner ranks each hold a different part of the batch and the
@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from zmqrl.parts.algo_config import PPOConfig
+from zmqrl.parts.actor_critic.config import PPOConfig
+from zmqrl.parts.actor_critic.learner import evaluate_unrolls
+from zmqrl.parts.actor_critic.recurrent_ppo import evaluate_sequences, sequence_samples
 from zmqrl.parts.algos import gradients
-from zmqrl.parts.algos.actor_critic import evaluate_unrolls
 from zmqrl.parts.algos.optim import make_adam
-from zmqrl.parts.algos.recurrent_ppo import evaluate_sequences, sequence_samples
 
 AllReduce = Callable[[list[torch.Tensor]], None]
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from zmqrl.parts.algo_config import A2CConfig
+from zmqrl.parts.actor_critic.config import A2CConfig
+from zmqrl.parts.actor_critic.learner import actor_critic_loss, evaluate_unrolls
 from zmqrl.parts.algos import gradients
-from zmqrl.parts.algos.actor_critic import actor_critic_loss, evaluate_unrolls
 
 
 def nstep_returns(rewards: torch.Tensor, discounts: torch.Tensor,

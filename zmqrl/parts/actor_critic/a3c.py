@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from zmqrl.bus import wire
-from zmqrl.parts.acting.actor_critic import ActorCriticBehaviour
 from zmqrl.parts.acting.behaviour import ActingSetup, Item
+from zmqrl.parts.actor_critic.acting import ActorCriticBehaviour
 from zmqrl.parts.algos import make_algo
 
 

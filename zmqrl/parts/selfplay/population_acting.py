@@ -3,7 +3,7 @@ current policies or frozen snapshots of them — and every seat a current policy
 trains that member.
 
 The envs are two-player games stepped by whoever is to move (``zmqrl.parts.games.GameEnv``
-with ``opponent: self``), as in self-play (:mod:`zmqrl.parts.acting.self_play`, whose
+with ``opponent: self``), as in self-play (:mod:`zmqrl.parts.selfplay.acting`, whose
 whose-move tracking this shares). Per env and game this behaviour draws the *trainee*
 (a member, uniformly), its opponent (the :class:`~zmqrl.parts.selfplay.matchmaking.Matchmaker`
 over every player of the :class:`~zmqrl.parts.selfplay.roster.Roster`, by rating) and
@@ -31,7 +31,6 @@ attributes are the roster, the matchmaker and the packer width (:func:`bind`).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -40,21 +39,18 @@ import torch
 
 from zmqrl.bus import wire
 from zmqrl.parts.acting.behaviour import ActingSetup, Behaviour, EpisodeLog, Item, host
-from zmqrl.parts.acting.self_play import player_to_move
+from zmqrl.parts.selfplay.acting import player_to_move
 from zmqrl.parts.selfplay.matchmaking import Matchmaker
 from zmqrl.parts.selfplay.roster import Roster
 
-# The broker's model -> its roster: the static forward pass finds the players from the
-# model it is given (as self-play's pools are found).
-_ROSTERS: weakref.WeakKeyDictionary[torch.nn.Module, Roster] = weakref.WeakKeyDictionary()
 MAX_PLIES = 128  # a seat's moves in one game (board games here: connect four has 21)
 
 
-def bind(model: torch.nn.Module, roster: Roster, matchmaker: Matchmaker,
+def bind(roster: Roster, matchmaker: Matchmaker,
          columns: int | None = None) -> type[PopulationPlayBehaviour]:
-    """The behaviour class a broker acting with ``model`` uses: its roster, matchmaker
-    and packer width (columns per member's unroll; None: half a connection's envs)."""
-    _ROSTERS[model] = roster
+    """The behaviour class a broker acts with: its roster (whose member 0 is the
+    broker's model), matchmaker and packer width (columns per member's unroll; None:
+    half a connection's envs), class attributes its forward pass reads."""
     return type("PopulationPlayBehaviour", (PopulationPlayBehaviour,),
                 {"roster": roster, "matchmaker": matchmaker, "columns": columns,
                  "__module__": __name__})
@@ -146,10 +142,11 @@ class PopulationPlayBehaviour(Behaviour):
     def inputs(self) -> dict[str, np.ndarray]:
         return {"obs": self.obs, "player": self.players[np.arange(self.n), self.to_move]}
 
-    @staticmethod
-    def forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+    @classmethod
+    def forward(cls, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
                 ) -> dict[str, np.ndarray]:
-        roster = _ROSTERS[model]
+        # every player's model is the roster's (``model`` is its member 0)
+        roster = cls.roster
         obs = inputs["obs"]
         who = inputs["player"].cpu().numpy()
         action = torch.zeros(len(who), dtype=torch.int64, device=obs.device)

@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from zmqrl.parts.algo_config import VTraceConfig
+from zmqrl.parts.actor_critic.config import VTraceConfig
+from zmqrl.parts.actor_critic.learner import actor_critic_loss, evaluate_unrolls
 from zmqrl.parts.algos import gradients
-from zmqrl.parts.algos.actor_critic import actor_critic_loss, evaluate_unrolls
 from zmqrl.parts.algos.optim import make_adam
 
 

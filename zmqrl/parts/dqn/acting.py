@@ -18,7 +18,7 @@ import torch
 from zmqrl import plugins
 from zmqrl.parts.acting.behaviour import ActingSetup, host
 from zmqrl.parts.acting.transitions import NStepTransitionBehaviour
-from zmqrl.parts.algos.dqn import td_priorities
+from zmqrl.parts.dqn.learner import td_priorities
 
 
 class EpsilonGreedyBehaviour(NStepTransitionBehaviour):

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from zmqrl.parts.algo_config import DQNConfig
 from zmqrl.parts.algos.target_q import TargetQLearner
+from zmqrl.parts.dqn.config import DQNConfig
 
 # ------------------------------------------------------------------ n-step transitions
 
