@@ -29,14 +29,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import zmq
 
 from zmqrl.bus import messages, sockets, wire
 from zmqrl.bus.node import Link, Node
-from zmqrl.parts.checkpoint import Checkpointer, Format, node_checkpoint
+from zmqrl.parts.checkpoint import JSON, Checkpointer, node_checkpoint
 from zmqrl.run.population import (
     Bindings,
     Identity,
@@ -49,13 +48,6 @@ from zmqrl.run.population import (
 # recipient's next ready point tries again).
 _EXPLOIT_TIMEOUT_S = 30.0
 _CONTEXT = messages.Context()  # pbt messages name no env or model shapes
-
-
-def _json_dump(state: dict[str, Any], f: BinaryIO) -> None:
-    f.write(json.dumps(state).encode())
-
-
-JSON = Format(".json", _json_dump, lambda path: json.loads(Path(path).read_text()))
 
 
 def _identity(envelope: list) -> Identity:

@@ -42,11 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from nodes.pbt import JSON
 from zmqrl.bus import messages, wire
 from zmqrl.bus.node import Node
 from zmqrl.bus.spec import NodeSpec, TopologySpec
-from zmqrl.parts.checkpoint import Checkpointer, node_checkpoint
+from zmqrl.parts.checkpoint import JSON, Checkpointer, node_checkpoint
 from zmqrl.parts.selfplay import room
 from zmqrl.parts.selfplay.ratings import MAX_RATING, Ratings
 from zmqrl.run.population import population_size

@@ -70,6 +70,7 @@ from zmqrl.parts import algo_config, bounds
 from zmqrl.parts.checkpoint import NPZ, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
 from zmqrl.parts.replay import RateLimiter, ReplayTable
+from zmqrl.parts.replay.revisions import RevisionGate
 from zmqrl.parts.replay.served import ServedKeys
 from zmqrl.parts.replay.table import NORMALIZATIONS
 from zmqrl.parts.replay.waiting import Request, WaitingSamples
@@ -120,7 +121,7 @@ class Replay(Node):
     @classmethod
     def samples_by_priority(cls, spec: NodeSpec) -> bool:
         """Whether this replay samples by priority, so that inserts should carry |δ|
-        (``zmqrl.parts.acting.q_learning.replay_samples_by_priority`` asks)."""
+        (``zmqrl.parts.dqn.acting.replay_samples_by_priority`` asks)."""
         return spec.args.get("sampler", "uniform") == "prioritized"
 
     @classmethod
@@ -202,12 +203,11 @@ class Replay(Node):
             self.revise_spec = None
         self.peek_rng = np.random.default_rng(topo.seed + 7)
         self.revised = self.stale_revisions = 0  # items rewritten; for evicted keys
-        # Revision peeks: the largest a linked reviser asks for (0: none is linked) and
-        # how many of its connections may hold one at a time (room for reconnects).
-        self.max_revise_batch, revisers = linked_revisers(self.ctx.spec.name, topo)
-        self.max_outstanding_peeks = 2 * revisers
-        self.outstanding_peeks: dict[bytes, float] = {}  # connection -> when served
-        self.peeked = self.refused_peeks = 0  # items handed to revisers; peeks refused
+        # Revision peeks: bounded by the largest batch a linked reviser asks for (none
+        # linked: refused) and by connections holding one (room for reconnects).
+        max_batch, revisers = linked_revisers(self.ctx.spec.name, topo)
+        self.revisions = RevisionGate(max_batch, 2 * revisers, self.args.revisions_per_insert,
+                                      self.args.revise_timeout_s)
         # (the algorithm fixes what its items' layout depends on, e.g. MuZero's K: the
         # first insert cannot set it for everyone)
         self.checks = messages.Context.from_env(
@@ -377,36 +377,13 @@ class Replay(Node):
         if self.revise_spec is None:
             raise wire.ProtocolError(f"this replay's items ({self.items}) declare no "
                                      f"'{wire.REVISE}' variant: nothing of them can be revised")
-        if not self.max_revise_batch:
-            raise wire.ProtocolError("no reviser (a reanalyse node) is linked to this "
-                                     "replay's sample port: revision peeks are refused")
-        if batch_size > self.max_revise_batch:
-            raise wire.ProtocolError(f"a revision peek of {batch_size} items exceeds "
-                                     f"{self.max_revise_batch}, the largest batch_size of "
-                                     "the revisers linked to this replay")
-        now = time.monotonic()
         key = b"".join(bytes(f) for f in envelope)
-        timeout = self.args.revise_timeout_s
-        for peer, served in list(self.outstanding_peeks.items()):
-            if now - served > timeout:
-                del self.outstanding_peeks[peer]
-        if key in self.outstanding_peeks:
-            self.refused_peeks += 1
-            raise wire.ProtocolError("a revision peek is already outstanding on this "
-                                     "connection: send its revise first")
-        why = None
-        if len(self.outstanding_peeks) >= self.max_outstanding_peeks:
-            why = (f"{len(self.outstanding_peeks)} connections hold revision peeks, this "
-                   "replay's most")
-        elif self.args.revisions_per_insert is not None and self.peeked + batch_size > \
-                self.args.revisions_per_insert * self.limiter.inserts + self.max_revise_batch:
-            why = (f"revisions are ahead of inserts (revisions_per_insert "
-                   f"{self.args.revisions_per_insert:g})")
-        elif self.table.size < max(batch_size, self.limiter.min_size_to_sample):
-            why = (f"{self.table.size} items held, fewer than "
-                   f"{max(batch_size, self.limiter.min_size_to_sample)}")
+        invalid = self.revisions.invalid(key, batch_size)
+        if invalid is not None:
+            raise wire.ProtocolError(invalid)
+        why = self.revisions.wait(batch_size, self.limiter.inserts, self.table.size,
+                                  self.limiter.min_size_to_sample)
         if why is not None:
-            self.refused_peeks += 1
             self.send("sample", wire.encode(wire.ERROR, retry=True, error=f"{why}; ask again"),
                       envelope)
             return
@@ -414,8 +391,7 @@ class Replay(Node):
         arrays = {"key": sample.keys, "weight": sample.weights, **sample.items}
         if self.send("sample", wire.encode(wire.BATCH, arrays, source=self.incarnation),
                      envelope):
-            self.outstanding_peeks[key] = now
-            self.peeked += batch_size
+            self.revisions.served(key, batch_size)
 
     def _revise(self, envelope: list, msg: wire.Message) -> None:
         if self.revise_spec is None:
@@ -423,7 +399,7 @@ class Replay(Node):
                                      f"'{wire.REVISE}' variant: nothing of them can be revised")
         messages.check(msg, self.revise_spec, self.checks)
         # that connection's peek is answered: it may peek again
-        self.outstanding_peeks.pop(b"".join(bytes(f) for f in envelope), None)
+        self.revisions.answered(b"".join(bytes(f) for f in envelope))
         source = msg.fields.get("source")
         keys = msg["key"]
         if source != self.incarnation:
@@ -549,8 +525,8 @@ class Replay(Node):
             "stale_priority_updates": self.table.stale_priority_updates,
             "unserved_priority_updates": self.unserved_priorities,
             "revised": self.revised,
-            "revision_peeks": self.peeked,
-            "refused_peeks": self.refused_peeks,
+            "revision_peeks": self.revisions.peeked,
+            "refused_peeks": self.revisions.refused,
             "stale_revisions": self.stale_revisions,
             "restored_items": self.restored_items,
             "dropped_restored_items": self.dropped_restored_items,

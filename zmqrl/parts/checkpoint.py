@@ -6,9 +6,10 @@ A node that persists state (learner, replay, parameter server) is, or owns, a
 node's own counter (updates, versions) and/or every S seconds, ``save()`` at exit or when
 asked, ``restore_if_present()`` at start. One file per node,
 ``checkpoints/<label><suffix>`` in the run directory (:func:`node_checkpoint`), in one of
-two formats: :data:`TORCH` (``torch.save``, loaded with ``weights_only=True``, for
-tensors and optimizer state) or :data:`NPZ` (an uncompressed ``np.savez`` of flat
-arrays, no pickles, for big buffers). The shape follows Acme's CheckpointingRunner.
+three formats: :data:`TORCH` (``torch.save``, loaded with ``weights_only=True``, for
+tensors and optimizer state), :data:`NPZ` (an uncompressed ``np.savez`` of flat
+arrays, no pickles, for big buffers) or :data:`JSON` (a controller's plain state: PBT's,
+the population league's). The shape follows Acme's CheckpointingRunner.
 
 Every write goes through :func:`atomic_write`, so the file at the final path is always a
 complete checkpoint, the previous one or the new one, even if the process is killed (or
@@ -17,6 +18,7 @@ the machine loses power) in the middle of a write.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -76,8 +78,13 @@ def _npz_load(path: Path) -> dict[str, Any]:
         return {k: f[k] for k in f.files}
 
 
+def _json_dump(state: dict[str, Any], f: BinaryIO) -> None:
+    f.write(json.dumps(state).encode())
+
+
 TORCH = Format(".pt", _torch_dump, _torch_load)
 NPZ = Format(".npz", _npz_dump, _npz_load)
+JSON = Format(".json", _json_dump, lambda path: json.loads(Path(path).read_text()))
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
