@@ -151,9 +151,16 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[],
                         help="KEY=VALUE for this checkout's topology only")
     parser.add_argument("--skip-limit", action="store_true")
+    parser.add_argument("--before-python", type=Path,
+                        help="the before checkout's Python (default: its .venv's if it has "
+                             "one, else this one): its own installed entry points, where "
+                             "the parts' module paths differ between the checkouts")
     parser.add_argument("--envs", type=int, default=128, help="the actor's envs (both sides)")
     args = parser.parse_args()
     checkouts = {"this": REPO, "before": args.before.resolve()}
+    own = checkouts["before"] / ".venv" / "bin" / "python"
+    pythons = {"this": sys.executable,
+               "before": str(args.before_python or (own if own.exists() else sys.executable))}
     results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="zmqrl-interleaved-") as tmp:
         sides: dict[str, dict] = {}
@@ -163,7 +170,7 @@ def main() -> None:
             run_dir = Path(tmp) / name
             sets = SETS + [f"nodes.actor.args.envs={args.envs}", "nodes.learner.kind=sink"] \
                 + (args.sets if name == "this" else [])
-            cmd = [sys.executable, "-m", "zmqrl.cli", "up", "topologies/seed.yaml",
+            cmd = [pythons[name], "-m", "zmqrl.cli", "up", "topologies/seed.yaml",
                    "--run-dir", str(run_dir), "--max-seconds", str(budget)]
             for s in sets:
                 cmd += ["--set", s]
@@ -193,7 +200,7 @@ def main() -> None:
             sides, procs = {}, []
             for name, path in checkouts.items():
                 out = Path(tmp) / f"limit-{name}.txt"
-                proc = subprocess.Popen([sys.executable, "-c", LIMIT_CHILD, str(out),
+                proc = subprocess.Popen([pythons[name], "-c", LIMIT_CHILD, str(out),
                                          str(args.envs)], cwd=path,
                                         env={**os.environ, "PYTHONPATH": str(path)},
                                         start_new_session=True)

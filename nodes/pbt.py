@@ -69,7 +69,10 @@ class PBTController(Node):
     binds = {"members": "router"}
     accepts = {"members": (wire.PBT_REPORT, wire.PBT_STATE, wire.PBT_LOADED, wire.ERROR)}
     # population.rank_by: rating — a league's ratings (player m<k> is member k's policy)
-    links = {"ratings": Link("sub", required=False, hwm=4)}
+    links = {"ratings": Link("sub", required=False, hwm=4),
+             # a league's games port: told of every exploit (the recipient's rating
+             # becomes the donor's at once)
+             "league": Link("dealer", required=False)}
     metrics_interval_s = 1.0
 
     @dataclass
@@ -152,7 +155,7 @@ class PBTController(Node):
     def _on_report(self, member: int, identity: Identity, f: dict[str, Any]) -> None:
         decision = self.pop.on_report(member, int(f["steps"]), f.get("mean_return"),
                                       dict(f.get("hyperparameters") or {}),
-                                      bool(f.get("checkpointed")))
+                                      bool(f.get("checkpointed")), int(f.get("updates") or 0))
         if decision is None:
             return
         donor = self.bindings.peers.get(decision.donor)
@@ -203,6 +206,10 @@ class PBTController(Node):
             "old_hyperparameters": old, "hyperparameters": decision.hyperparameters,
             "how": decision.how})
         self.checkpointer.save()
+        if "league" in self.sockets:  # not answered; a lost one: games move the rating
+            self.send("league", wire.encode(wire.EXPLOITED, recipient=member,
+                                            donor=decision.donor, source=self.ctx.label),
+                      flags=zmq.NOBLOCK)
         self.log.info("member %d copied member %d; hyperparameters %s", member,
                       decision.donor, decision.hyperparameters)
 

@@ -66,7 +66,7 @@ _CONTEXT = messages.Context()  # games name no env or model shapes
 
 class PopulationLeague(Node):
     binds = {"games": "router", "ratings": "pub"}
-    accepts = {"games": (wire.GAMES,)}
+    accepts = {"games": (wire.GAMES, wire.EXPLOITED)}
     xpub_ports = frozenset({"ratings"})  # a new subscriber gets the ratings at once
     port_hwm = {"ratings": 4}  # a subscriber that falls behind gets fresh ratings, not old
     shows = {"population/elo_best": "last"}
@@ -127,6 +127,7 @@ class PopulationLeague(Node):
         assert members is not None  # (check_spec)
         self.member_names = frozenset(f"m{k}" for k in range(members))
         self.games_skipped = 0  # games naming a new player there was no room for
+        self.exploits_told = 0  # PBT exploits that moved a rating (exploited messages)
         self.ratings = Ratings(a.k, a.k_min, a.settle, a.initial)
         # player -> when a game last named it (monotonic): snapshots idle too long go
         self.last_played: dict[str, float] = {}
@@ -146,6 +147,9 @@ class PopulationLeague(Node):
 
     # ----- games in -----------------------------------------------------------------
     def on_games(self, _envelope: list, msg: wire.Message) -> None:
+        if msg.type == wire.EXPLOITED:
+            self._exploited(msg)
+            return
         messages.check(msg, messages.spec(wire.GAMES), _CONTEXT)  # (refuses other types too)
         players = msg.fields["players"]
         first, second, score = msg["first"], msg["second"], msg["score"]
@@ -185,6 +189,23 @@ class PopulationLeague(Node):
             self.games_skipped += skipped
             self.log_rejection("games", f"games: skipped {skipped} game(s) naming {len(refused)} "
                                         f"new player(s) beyond the {MAX_RATED} rated at once")
+
+    def _exploited(self, msg: wire.Message) -> None:
+        """PBT's word that a member copied another's weights: the recipient is now the
+        donor's policy, so it takes the donor's rating (its games count stays its own)."""
+        messages.check(msg, messages.spec(wire.EXPLOITED), _CONTEXT)
+        recipient, donor = (f"m{msg.fields[k]}" for k in ("recipient", "donor"))
+        for name in (recipient, donor):
+            if name not in self.member_names:
+                raise wire.ProtocolError(f"exploited: {name} is not a member of this "
+                                         f"population ({len(self.member_names)} members)")
+        if donor not in self.ratings.players:
+            return  # the donor is unrated: the recipient keeps what it has
+        self.ratings.add(recipient).rating = self.ratings.rating(donor)
+        self.last_played[recipient] = time.monotonic()
+        self.exploits_told += 1
+        self.log.info("%s copied %s: rated %.0f", recipient, donor,
+                      self.ratings.rating(recipient))
 
     def _drop(self, gone: list[str], why: str) -> None:
         if not gone:
@@ -239,7 +260,8 @@ class PopulationLeague(Node):
     def metrics(self) -> dict[str, Any]:
         row: dict[str, Any] = {"games_rated": self.ratings.games,
                                "players": len(self.ratings.players),
-                               "games_skipped": self.games_skipped}
+                               "games_skipped": self.games_skipped,
+                               "exploits_told": self.exploits_told}
         members = self._members()
         row.update({f"population/elo_{name}": r for name, r in members.items()})
         if members:

@@ -10,8 +10,7 @@ import random
 
 import pytest
 
-from nodes.pbt import JSON
-from zmqrl.parts.checkpoint import Checkpointer
+from zmqrl.parts.checkpoint import JSON, Checkpointer
 from zmqrl.run.population import Member, Population, Settings, decide, expand
 from zmqrl.run.topology import TopologyError, load
 

@@ -187,6 +187,23 @@ def test_games_move_the_published_ratings(processes, tmp_path):
     league.close()
 
 
+def test_an_exploit_gives_the_recipient_its_donors_rating(processes, tmp_path):
+    """PBT's ``exploited``: member 1 now plays with member 0's weights, so it is rated as
+    member 0 is at once (not after games move it there); a message naming a player that
+    is not a member is refused and changes nothing."""
+    league = League(processes, topology(tmp_path), tmp_path / "run", tmp_path / "league.log")
+    assert league.send(beats("m0", "m1", 100)) == "ok"
+    before = league.games_rated(100).fields["ratings"]
+    assert before["m0"] - before["m1"] > 100, before
+    assert "not a member" in league.send_raw(wire.encode(wire.EXPLOITED, recipient=1,
+                                                         donor=7))
+    assert league.send_raw(wire.encode(wire.EXPLOITED, recipient=1, donor=0)) == "ok"
+    after = league.ratings(lambda m: m.fields["ratings"]["m1"] != before["m1"]).fields
+    assert after["ratings"] == {"m0": before["m0"], "m1": before["m0"]}
+    assert after["games"] == 100  # no game was invented for it
+    league.close()
+
+
 def test_a_snapshot_starts_at_its_members_rating_and_is_forgotten_when_idle(
         processes, tmp_path):
     """``m0@v20``, first seen, starts where m0 is (``m7@v3``, whose member is unrated,

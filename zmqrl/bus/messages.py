@@ -532,6 +532,14 @@ MESSAGES: tuple[MessageSpec, ...] = (
         fields=(Field("ratings", "map", rule="ratings", doc="player name → Elo"),
                 Field("games", "int", rule="nonneg", doc="games rated so far"),
                 Field("source", "str", False, doc="the league's incarnation"))),
+    MessageSpec(
+        wire.EXPLOITED, "A PBT exploit is done: member `recipient` now plays with member "
+        "`donor`'s weights, so the league gives it the donor's rating (rather than let "
+        "games move it there). Not answered.", "pbt → league `games`",
+        fields=(Field("recipient", "int", rule="nonneg", doc="the member that copied (player "
+                                                             "`m<recipient>`)"),
+                Field("donor", "int", rule="nonneg", doc="the member copied"),
+                Field("source", "str", False, doc="the sender's label"))),
 )
 
 SPECS: dict[str, MessageSpec] = {s.key: s for s in MESSAGES}

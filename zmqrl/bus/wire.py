@@ -102,11 +102,12 @@ PBT_LOADED = "pbt_loaded"  # recipient learner -> pbt: loaded (its new parameter
 # A population's games (nodes/population_broker.py, nodes/population_league.py)
 GAMES = "games"  # whoever plays -> league ``games``: finished games (players, scores)
 RATINGS = "ratings"  # league -> subscribers (PUB): every player's rating
+EXPLOITED = "exploited"  # pbt -> league ``games``: a member now plays with another's weights
 
 MESSAGE_TYPES = frozenset({HELLO, HEARTBEAT, METRICS, PING, PONG, STEP, ACT, UNROLL, PARAMS,
                            INSERT, SAMPLE, BATCH, PRIORITIES, REVISE, GRADS, GET_PARAMS, CREDIT,
                            ERROR, DESCRIBE, DESCRIPTION, PBT_REPORT, PBT_GET_STATE,
-                           PBT_STATE, PBT_LOAD, PBT_LOADED, GAMES, RATINGS})
+                           PBT_STATE, PBT_LOAD, PBT_LOADED, GAMES, RATINGS, EXPLOITED})
 
 _ALLOWED_DTYPES = frozenset(
     f"{k}{n}" for k, sizes in (("int", (8, 16, 32, 64)), ("uint", (8, 16, 32, 64)),

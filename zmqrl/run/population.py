@@ -41,11 +41,16 @@ from zmqrl.parts import algo_config, bounds
 CONTROLLER = "pbt"  # the controller node's name in an expanded topology
 _NUMBER = {"type": "number"}
 _PAIR = {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2}
+# One draw distribution per hyperparameter; ``explore`` (uniform/loguniform only): the
+# interval exploits may perturb it within, wider than the draws' (default: theirs), so
+# that a population whose draws are all bad can climb out of them.
 _DIST = {
-    "type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": False,
+    "type": "object", "additionalProperties": False,
     "properties": {"loguniform": _PAIR, "uniform": _PAIR,
-                   "choice": {"type": "array", "minItems": 1}},
+                   "choice": {"type": "array", "minItems": 1}, "explore": _PAIR},
+    "oneOf": [{"required": [k]} for k in ("loguniform", "uniform", "choice")],
 }
+DRAWS = ("loguniform", "uniform", "choice")
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["size", "hyperparameters"],
@@ -55,6 +60,7 @@ SCHEMA: dict[str, Any] = {
         "hyperparameters": {"type": "object", "minProperties": 1,
                             "additionalProperties": _DIST},
         "ready_after_steps": {"type": "integer", "minimum": 1},
+        "ready_after_updates": {"type": "integer", "minimum": 1},
         "truncation": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5},
         "perturb": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0},
                     "minItems": 2, "maxItems": 2},
@@ -74,7 +80,10 @@ class Settings:
 
     size: int
     hyperparameters: dict[str, dict[str, Any]]
+    # A member's ready points: every this many of its env steps, or (when set) every
+    # this many of its updates instead.
     ready_after_steps: int = 20_000
+    ready_after_updates: int | None = None
     truncation: float = 0.25
     perturb: tuple[float, float] = (0.8, 1.2)
     resample_probability: float = 0.25
@@ -113,7 +122,13 @@ class Settings:
         found = []
         for name, distribution in sorted(self.hyperparameters.items()):
             where = f"hyperparameters.{name}"
-            (kind, spec), = distribution.items()
+            kind, spec = draw_of(distribution)
+            explore = distribution.get("explore")
+            if explore is not None:
+                problem = _explore_error(kind, spec, explore)
+                if problem:
+                    found.append(f"{where}: explore {explore}: {problem}")
+                    continue
             if cls is not None and (name not in fields or name == "kind"):
                 known = ", ".join(n for n in fields if n != "kind")
                 found.append(f"{where}: {cls.__name__} has no field '{name}' (known: {known})")
@@ -150,11 +165,42 @@ class Settings:
                              f"{algo_config.type_name(hint)} (algo.{name})")
                 continue
             declared = bounds.range_of(cls, name)
-            outside = [v for v in values if declared is not None and declared.check(v)]
+            outside = [v for v in values + list(explore or ())
+                       if declared is not None and declared.check(v)]
             if outside:
-                found.append(f"{where}: {kind} {spec} reaches outside algo.{name}'s range: "
+                what = f"{kind} {spec}" + (f" explore {explore}" if explore else "")
+                found.append(f"{where}: {what} reaches outside algo.{name}'s range: "
                              f"{declared.check(outside[0])}")
         return found
+
+
+def draw_of(distribution: Mapping[str, Any]) -> tuple[str, Any]:
+    """The draw of a hyperparameter's distribution: (kind, its values)."""
+    kind = next(k for k in DRAWS if k in distribution)
+    return kind, distribution[kind]
+
+
+def explore_interval(distribution: Mapping[str, Any]) -> tuple[float, float] | None:
+    """Where exploits may move a uniform/loguniform hyperparameter: its ``explore``
+    interval, else its draw interval; None for a choice."""
+    kind, spec = draw_of(distribution)
+    if kind == "choice":
+        return None
+    low, high = distribution.get("explore", spec)
+    return min(low, high), max(low, high)
+
+
+def _explore_error(kind: str, spec: Any, explore: list) -> str | None:
+    if kind == "choice":
+        return "only a uniform or loguniform hyperparameter explores an interval"
+    low, high = explore
+    if low > high:
+        return "the low end is above the high end"
+    if kind == "loguniform" and low <= 0:
+        return "both ends must be > 0 (loguniform)"
+    if not low <= min(spec) <= max(spec) <= high:
+        return f"must hold the draw interval {spec}"
+    return None
 
 
 def member_name(node: str, member: int) -> str:
@@ -163,7 +209,7 @@ def member_name(node: str, member: int) -> str:
 
 def sample(distribution: dict[str, Any], rng: random.Random) -> Any:
     """One draw from ``{loguniform: [a, b]}``, ``{uniform: [a, b]}`` or ``{choice: [...]}``."""
-    (kind, spec), = distribution.items()
+    kind, spec = draw_of(distribution)
     if kind == "loguniform":
         return math.exp(rng.uniform(math.log(spec[0]), math.log(spec[1])))
     if kind == "uniform":
@@ -298,7 +344,8 @@ class Member:
     rating: float | None = None  # the league's, when members are ranked by rating
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     checkpointed: bool = False
-    last_ready: int = 0  # steps at its last ready point
+    last_ready: int = 0  # steps (or updates: ready_after_updates) at its last ready point
+    updates: int = 0
 
 
 @dataclass(frozen=True)
@@ -361,10 +408,10 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
 def perturb(value: float, factor: float, distribution: Mapping[str, Any] | None) -> float:
     """``value`` scaled by ``factor`` within its distribution's bounds: a ``choice``
     steps to the neighbouring choice in the factor's direction, ``uniform`` and
-    ``loguniform`` values are clipped to their interval. An int moves by at least one
-    when the factor is not 1 and one at 1 or more stays at 1 or more (int 1 x 0.8 is 1,
-    not 0)."""
-    (kind, spec), = (distribution or {"": None}).items()
+    ``loguniform`` values are clipped to their explore interval (by default the draw
+    interval: :func:`explore_interval`). An int moves by at least one when the factor
+    is not 1 and one at 1 or more stays at 1 or more (int 1 x 0.8 is 1, not 0)."""
+    kind, spec = draw_of(distribution) if distribution else ("", None)
     if kind == "choice" and all(bounds.is_number(c) for c in spec):
         above = sorted(c for c in set(spec) if c > value)
         below = sorted(c for c in set(spec) if c < value)
@@ -384,7 +431,7 @@ def perturb(value: float, factor: float, distribution: Mapping[str, Any] | None)
         if value >= 1:
             new = max(new, 1)
     if kind in ("uniform", "loguniform"):
-        low, high = min(spec), max(spec)
+        low, high = explore_interval(distribution)  # type: ignore[arg-type, misc]
         new = min(max(new, low), high)
         if integer:  # an int inside the interval (validation refuses int uniform ranges)
             new = max(math.ceil(low), min(math.floor(high), round(new)))
@@ -405,15 +452,22 @@ class Population:
         self.exploits = 0
 
     def on_report(self, member: int, steps: int, mean_return: float | None,
-                  hyperparameters: dict[str, Any], checkpointed: bool) -> Decision | None:
-        """Take a member's report; the decision to carry out if this is its ready point."""
+                  hyperparameters: dict[str, Any], checkpointed: bool,
+                  updates: int = 0) -> Decision | None:
+        """Take a member's report; the decision to carry out if this is its ready point
+        (every ``ready_after_updates`` of its updates when that is set, else every
+        ``ready_after_steps`` of its env steps)."""
         m = self.members.setdefault(member, Member())
         m.steps, m.mean_return, m.checkpointed = steps, mean_return, checkpointed
+        m.updates = updates
         if member not in self.pending:  # while loading, its report may predate the load
             m.hyperparameters = dict(hyperparameters)
-        if member in self.pending or steps - m.last_ready < self.settings.ready_after_steps:
+        by_updates = self.settings.ready_after_updates
+        count, every = (updates, by_updates) if by_updates else \
+            (steps, self.settings.ready_after_steps)
+        if member in self.pending or count - m.last_ready < every:
             return None
-        m.last_ready = steps
+        m.last_ready = count
         decision = decide(member, self.members, self.settings, self.rng)
         if decision is not None:
             self.pending[member] = decision
@@ -423,7 +477,10 @@ class Population:
         """The recipient loaded its donor's state: the exploit is done."""
         decision = self.pending.pop(member, None)
         if decision is not None:
-            self.members[member].hyperparameters = dict(decision.hyperparameters)
+            recipient = self.members[member]
+            recipient.hyperparameters = dict(decision.hyperparameters)
+            # it is the donor's policy now (the league, told, rates it so too)
+            recipient.rating = self.members[decision.donor].rating
             self.exploits += 1
         return decision
 

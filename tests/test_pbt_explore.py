@@ -1,0 +1,157 @@
+"""PBT's explore and selection (issue 44): resampling at the stated rate, the bottom
+quantile copying the top, an explore interval wider than the draws (a population whose
+draws are all bad climbs out of them, within bounds), ready points by updates, and the
+league told of every exploit so the recipient's rating becomes its donor's."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from test_pbt_safety import _answer, _next, _report
+
+from zmqrl.bus import wire
+from zmqrl.bus.endpoints import Endpoints
+from zmqrl.run.population import Member, Population, Settings, decide, perturb
+from zmqrl.run.topology import TopologyError, load
+
+from conftest import write_topology
+
+LR = {"loguniform": [1e-5, 3e-4]}
+ALGO = {"kind": "vtrace"}
+
+
+def _members(returns: list[float], lr: float = 1e-4) -> dict[int, Member]:
+    return {i: Member(steps=100, mean_return=r, hyperparameters={"lr": lr},
+                      checkpointed=True) for i, r in enumerate(returns)}
+
+
+def _settings(**kw) -> Settings:
+    base = dict(size=8, hyperparameters={"lr": LR}, truncation=0.25,
+                resample_probability=0.0, ready_after_steps=100, algo=ALGO)
+    return Settings(**{**base, **kw})
+
+
+def test_resampling_happens_at_the_stated_rate():
+    members, rng = _members([float(i) for i in range(8)]), random.Random(7)
+    n, p = 4000, 0.3
+    hows = [decide(0, members, _settings(resample_probability=p), rng).how["lr"]
+            for _ in range(n)]
+    share = hows.count("resample") / n
+    assert abs(share - p) < 4 * math.sqrt(p * (1 - p) / n), share  # 4 sigma of a binomial
+    assert set(hows) == {"resample", "perturb x0.8", "perturb x1.2"}
+    never = [decide(0, members, _settings(), rng).how["lr"] for _ in range(200)]
+    assert "resample" not in never
+
+
+def test_the_bottom_quantile_copies_the_top():
+    returns = [5.0, 80.0, 10.0, 60.0, 90.0, 40.0, 20.0, 70.0]  # ranked: 0 2 6 5 3 7 1 4
+    members, rng = _members(returns), random.Random(0)
+    settings = _settings()  # truncation 0.25 of 8: the bottom two copy the top two
+    for member in range(8):
+        decisions = [decide(member, members, settings, rng) for _ in range(50)]
+        if member in (0, 2):
+            assert {d.donor for d in decisions} == {1, 4}
+        else:
+            assert decisions == [None] * 50
+
+
+def test_an_explore_interval_lets_values_leave_the_draws_and_no_further():
+    explore = {**LR, "explore": [1e-5, 1e-2]}
+    value = 3e-4
+    for _ in range(40):  # x1.2 forty times is x1470: stops at the explore interval's top
+        value = perturb(value, 1.2, explore)
+    assert value == 1e-2
+    assert perturb(3e-4, 1.2, LR) == 3e-4  # without one: the draw interval, as before
+    # Through decide: a population of bad draws moves up, within the interval and the
+    # field's declared range, however many exploits.
+    settings = _settings(hyperparameters={"lr": explore})
+    members, rng = _members([float(i) for i in range(8)], lr=3e-4), random.Random(1)
+    seen = [decide(0, members, settings, rng).hyperparameters["lr"] for _ in range(500)]
+    assert max(seen) > 3e-4 and all(1e-5 <= v <= 1e-2 for v in seen)
+
+
+@pytest.mark.parametrize("explore, says", [
+    ({"choice": [1e-4, 1e-3], "explore": [1e-5, 1e-2]}, "only a uniform or loguniform"),
+    ({**LR, "explore": [1e-4, 1e-2]}, "must hold the draw interval"),
+    ({**LR, "explore": [0.0, 1e-2]}, "both ends must be > 0"),
+    ({"uniform": [0.0, 0.01], "explore": [-0.1, 0.5]}, "entropy_cost"),
+])
+def test_a_bad_explore_interval_is_refused_naming_it(explore, says):
+    name = "entropy_cost" if "uniform" in explore else "lr"
+    problems = Settings(size=4, hyperparameters={name: explore}, algo=ALGO).errors()
+    assert len(problems) == 1 and says in problems[0] and "explore" in problems[0], problems
+
+
+def test_ready_points_by_updates_ignore_env_steps():
+    pop = Population(_settings(size=4, ready_after_updates=50), seed=0)
+    for i, r in enumerate([10.0, 50.0, 30.0, 90.0]):
+        assert pop.on_report(i, 10_000, r, {"lr": 1e-4}, True, updates=40) is None
+    decision = pop.on_report(0, 10_000, 10.0, {"lr": 1e-4}, True, updates=50)
+    assert decision is not None and decision.donor == 3
+    pop.on_loaded(0)
+    assert pop.on_report(0, 90_000, 10.0, {"lr": 1e-4}, True, updates=99) is None
+    assert pop.on_report(0, 90_000, 10.0, {"lr": 1e-4}, True, updates=100) is not None
+
+
+def test_a_recipient_takes_its_donors_rating():
+    pop = Population(_settings(size=4, rank_by="rating"), seed=0)
+    for i, rating in enumerate([900.0, 1000.0, 1050.0, 1200.0]):
+        pop.on_rating(i, rating)
+        pop.on_report(i, 50, None, {"lr": 1e-4}, True)
+    assert pop.on_report(0, 100, None, {"lr": 1e-4}, True).donor == 3
+    pop.on_loaded(0)
+    assert pop.members[0].rating == 1200.0
+
+
+def test_the_league_is_told_of_every_exploit(processes, tmp_path, client_factory):
+    """A real controller with a ``league`` link: when member 0 has loaded member 3's
+    state, an ``exploited`` message reaches the league's ``games`` port."""
+    import zmq
+
+    from zmqrl.bus import sockets
+
+    path = write_topology(
+        tmp_path, "pbt_seed.yaml",
+        population={"ready_after_steps": 100, "shared": ["league"]},
+        nodes={"pbt": {"kind": "pbt", "links": {"league": "league.games"}},
+               "league": {"kind": "population_league"}})
+    run_dir = tmp_path / "run"
+    endpoints = Endpoints(load(path), run_dir)
+    league = zmq.Context.instance().socket(zmq.ROUTER)  # the league's games port
+    league.setsockopt(zmq.LINGER, 0)
+    league.bind(endpoints.bind_address("league", "games", 0))
+    try:
+        processes.zmqrl("node", str(path), "pbt", "--run-dir", str(run_dir),
+                        log=tmp_path / "pbt.log")
+        address = endpoints.bind_address("pbt", "members", 0)
+        peers = [client_factory(address) for _ in range(4)]
+        assert peers[0].request(wire.encode(wire.PING), timeout=90).type == wire.PONG
+        for member, ret in ((1, 50.0), (2, 30.0), (3, 90.0)):
+            assert _answer(peers[member], _report(member, 50, ret)) == "ok"
+        assert _answer(peers[0], _report(0, 100, 10.0)) == "ok"  # ready: copies member 3
+        _next(peers[3], wire.PBT_GET_STATE)
+        state = {"state": np.frombuffer(b"member 3 weights", np.uint8)}
+        assert _answer(peers[3], wire.encode(wire.PBT_STATE, state, member=3, request=0,
+                                             hyperparameters={"lr": 1e-3}, updates=5)) == "ok"
+        _next(peers[0], wire.PBT_LOAD)
+        assert _answer(peers[0], wire.encode(
+            wire.PBT_LOADED, member=0, request=0, donor=3, donor_updates=5,
+            hyperparameters={"lr": 1e-3})) == "ok"
+        while True:  # the controller's hello and heartbeats may come first
+            assert league.poll(30_000), "no exploited message reached the league"
+            msg = wire.decode(sockets.split_envelope(league.recv_multipart())[1])
+            if msg.type == wire.EXPLOITED:
+                break
+        assert (msg.fields["recipient"], msg.fields["donor"]) == (0, 3)
+    finally:
+        league.close()
+
+
+def test_a_league_link_must_name_a_games_port(tmp_path):
+    path = write_topology(tmp_path, "pbt_seed.yaml",
+                          nodes={"pbt": {"kind": "pbt", "links": {"league": "nowhere.games"}}})
+    with pytest.raises(TopologyError, match="nowhere"):
+        load(path)
