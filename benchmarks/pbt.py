@@ -1,7 +1,7 @@
 """PBT against the same population without it: the best member's return and wall time.
 
     python benchmarks/pbt.py [--seeds 1 2 3] [--max-steps 200000] [--set key=value ...]
-        [topologies/pbt_seed.yaml]
+        [--out DIR] [topologies/pbt_seed.yaml]
 
 Per seed, two runs of `zmqrl up T --max-steps N --set seed=S` (N: env steps of all
 members together, so both arms see the same): one with PBT as the topology says, one
@@ -10,7 +10,9 @@ ready point: no exploit). Each run reports the best member's mean return over it
 100 and 20 episodes (from the learners' last metrics rows), the median over the members
 of that return (PBT's exploits lift the weak members first), the exploits made, the wall
 time (process start-up included) and the machine's mean load average over the run
-(sampled every 5 s; on a shared machine it says how comparable runs are).
+(sampled every 5 s; on a shared machine it says how comparable runs are). With ``--out``
+the members' metrics and the lineage are kept and plotted (DIR/pbt.png): each member's
+return against its env steps in both arms, and the PBT members' hyperparameters.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +36,8 @@ def last_row(path: Path) -> dict[str, str]:
     return rows[-1] if rows else {}
 
 
-def run(topology: str, seed: int, max_steps: int, pbt: bool, overrides: list[str]) -> dict:
+def run(topology: str, seed: int, max_steps: int, pbt: bool, overrides: list[str],
+        keep: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="zmqrl-pbt-") as run_dir:
         cmd = [sys.executable, "-m", "zmqrl.cli", "up", topology, "--max-steps", str(max_steps),
                "--set", f"seed={seed}", "--run-dir", run_dir]
@@ -60,8 +64,15 @@ def run(topology: str, seed: int, max_steps: int, pbt: bool, overrides: list[str
                                        "hp_lr")}
         lineage = Path(run_dir, "pbt", "lineage.jsonl")
         exploits = len(lineage.read_text().splitlines()) if lineage.exists() else 0
+        if keep is not None:  # the members' metrics and the lineage, for the plot
+            keep.mkdir(parents=True, exist_ok=True)
+            for path in Path(run_dir, "metrics").glob("learner_m*.csv"):
+                shutil.copy(path, keep / path.name)
+            if lineage.exists():
+                shutil.copy(lineage, keep / lineage.name)
     best = max(members.values(), key=lambda m: m["return_mean_100"]) if members else {}
     return {"seed": seed, "pbt": pbt, "rc": proc.returncode, "wall_s": round(wall, 1),
+            "members_return_100": sorted(m["return_mean_100"] for m in members.values()),
             "load": round(sum(loads) / max(len(loads), 1), 1), "exploits": exploits,
             "best_return_100": best.get("return_mean_100"),
             "best_return_20": best.get("return_mean_20"), "best_lr": best.get("hp_lr"),
@@ -76,18 +87,68 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--max-steps", type=int, default=200_000)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--out", type=Path, help="keep each run's members' metrics and "
+                        "lineage here (<out>/seed<S>-pbt|fixed/) and draw <out>/pbt.png")
     args = parser.parse_args()
     print("| seed | PBT | best return(100) | best return(20) | its lr | members' median "
           "return(100) | exploits | env steps | wall s | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for seed in args.seeds:
         for pbt in (True, False):
-            r = run(args.topology, seed, args.max_steps, pbt, args.overrides)
+            keep = args.out / f"seed{seed}-{'pbt' if pbt else 'fixed'}" if args.out else None
+            r = run(args.topology, seed, args.max_steps, pbt, args.overrides, keep)
             print(f"| {seed} | {'yes' if pbt else 'no'} | {r['best_return_100']} | "
                   f"{r['best_return_20']} | {r['best_lr'] or 0:.2e} | {r['median_return_100']} | "
                   f"{r['exploits']} | "
                   f"{r['env_steps']:,.0f} | {r['wall_s']} | {r['load']} |", flush=True)
             print(json.dumps(r), file=sys.stderr, flush=True)
+    if args.out:
+        plot(args.out, args.seeds)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return [r for r in csv.DictReader(f) if r.get("return_mean_100") not in (None, "")]
+
+
+def plot(out: Path, seeds: list[int]) -> None:
+    """Per seed: each member's return(100) against its env steps, PBT's (solid) and the
+    fixed population's (dashed); and each PBT member's hyperparameters (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {seed: {arm: sorted((out / f"seed{seed}-{arm}").glob("learner_m*.csv"))
+                   for arm in ("pbt", "fixed")} for seed in seeds}
+    hypers = sorted({k for seed in seeds for path in runs[seed]["pbt"]
+                     for k in (_rows(path)[:1] or [{}])[0] if k.startswith("hp_")})
+    fig, axes = plt.subplots(1 + len(hypers), len(seeds), squeeze=False,
+                             figsize=(4.5 * len(seeds), 3.2 * (1 + len(hypers))))
+    for col, seed in enumerate(seeds):
+        ax = axes[0][col]
+        for arm, style in (("pbt", "-"), ("fixed", "--")):
+            for i, path in enumerate(runs[seed][arm]):
+                rows = _rows(path)
+                ax.plot([float(r["env_steps"]) for r in rows],
+                        [float(r["return_mean_100"]) for r in rows], style, color=f"C{i}",
+                        lw=1.2, label=f"{path.stem.split('_')[-1]} {arm}")
+        ax.set_title(f"seed {seed}: return(100), PBT solid, fixed dashed", fontsize=9)
+        ax.set_xlabel("member's env steps")
+        if col == 0:
+            ax.legend(fontsize=6, ncol=2)
+        for row, key in enumerate(hypers, start=1):
+            ax = axes[row][col]
+            for i, path in enumerate(runs[seed]["pbt"]):
+                rows = [r for r in _rows(path) if r.get(key) not in (None, "")]
+                ax.plot([float(r["env_steps"]) for r in rows], [float(r[key]) for r in rows],
+                        color=f"C{i}", lw=1.2)
+            ax.set_yscale("log")
+            ax.set_title(f"PBT members' {key.removeprefix('hp_')}", fontsize=9)
+            ax.set_xlabel("member's env steps")
+    fig.tight_layout()
+    fig.savefig(out / "pbt.png", dpi=110)
+    print(f"plot: {out / 'pbt.png'}")
 
 
 if __name__ == "__main__":
