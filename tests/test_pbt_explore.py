@@ -155,3 +155,21 @@ def test_a_league_link_must_name_a_games_port(tmp_path):
                           nodes={"pbt": {"kind": "pbt", "links": {"league": "nowhere.games"}}})
     with pytest.raises(TopologyError, match="nowhere"):
         load(path)
+
+
+def test_a_member_is_ranked_only_by_episodes_since_its_last_load():
+    """The episodes before a load were the replaced policy's: a recipient reports no
+    return until five of its own have finished, then the mean of its own only."""
+    from zmqrl.bus.metrics import EpisodeStats
+    from zmqrl.parts.learning.pbt_member import ranked_return
+
+    episodes = EpisodeStats()
+    episodes.add(np.full(30, 10.0), np.full(30, 10))  # the old policy's
+    assert ranked_return(episodes, at_load=0) == 10.0
+    at_load = episodes.count  # it loads a donor's state here
+    episodes.add(np.full(4, 200.0), np.full(4, 200))
+    assert ranked_return(episodes, at_load) is None  # 4 of its own: not ranked yet
+    episodes.add(np.full(1, 200.0), np.full(1, 200))
+    assert ranked_return(episodes, at_load) == 200.0  # 5: its own, none of the old
+    episodes.add(np.full(30, 100.0), np.full(30, 100))
+    assert ranked_return(episodes, at_load) == 100.0  # then the last 20

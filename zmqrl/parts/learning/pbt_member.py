@@ -5,7 +5,9 @@ The learner stays a thin shell: it builds a :class:`PBTMember` when it has a ``p
 link and hands every message on that link to :meth:`PBTMember.on_message`.
 
 * every ``report_every_s`` it sends ``pbt_report``: member, env steps, mean return of
-  the last 20 episodes, its hyperparameters, and whether it has a checkpoint on disk.
+  the last 20 episodes finished since its last load (none until 5 have: the ones
+  before were the policy it replaced, and would rank it as that policy), its
+  hyperparameters, and whether it has a checkpoint on disk.
   The send never blocks: with the controller gone and the queue full, a report is
   dropped and counted (``pbt_reports_dropped``); the next one carries newer numbers;
 * ``pbt_get_state``: reply ``pbt_state``, the model's and the algorithm's state dicts
@@ -33,6 +35,7 @@ import numpy as np
 import zmq
 
 from zmqrl.bus import messages, wire
+from zmqrl.bus.metrics import EpisodeStats
 from zmqrl.parts import algo_config
 
 
@@ -59,6 +62,8 @@ class Learner(Protocol):
 
 
 _CONTEXT = messages.Context()  # pbt messages name no env or model shapes
+RANKED_EPISODES = 20  # the mean return a report gives is over this many episodes ...
+MIN_FRESH_EPISODES = 5  # ... once this many have finished since the last load
 # Room a donor leaves under the message cap for the controller's pbt_load, which carries
 # the same state with a header of its own (new hyperparameters: at most 64 short ones).
 LOAD_HEADROOM = 64 * 1024
@@ -215,6 +220,18 @@ def _scalar_or_shaped(value: Any, path: str, shape: tuple) -> str | None:
         f"{path}: shape {tuple(value.shape)}, not {shape} or a scalar"
 
 
+def ranked_return(episodes: EpisodeStats, at_load: int) -> float | None:
+    """What ranks a member: the mean return of its last ``RANKED_EPISODES`` episodes
+    finished since its last load (``at_load``: the episode count then), or None until
+    ``MIN_FRESH_EPISODES`` have. The episodes before a load were the policy it replaced,
+    and would rank it as that policy (and have it copy again at once)."""
+    fresh = episodes.count - at_load
+    if fresh < MIN_FRESH_EPISODES:
+        return None
+    mean = episodes.mean_return(min(RANKED_EPISODES, fresh))
+    return None if math.isnan(mean) else mean
+
+
 class PBTMember:
     report_every_s = 1.0
 
@@ -226,6 +243,7 @@ class PBTMember:
         self.refused = 0  # loads refused (a bad state or hyperparameters)
         self.reports_dropped = 0  # reports not sent: the controller's queue was full
         self.donor: int | None = None
+        self.episodes_at_load = 0  # the source's episode count at our last load
         set_hyperparameters(learner.algo, self.hyper)
         learner.every(self.report_every_s, self.report)
 
@@ -236,7 +254,7 @@ class PBTMember:
     def report(self) -> None:
         node = self.learner
         episodes = getattr(node.source, "episodes", None)
-        mean = episodes.mean_return(20) if episodes is not None and episodes.count else None
+        mean = ranked_return(episodes, self.episodes_at_load) if episodes is not None else None
         extra = {} if mean is None or math.isnan(mean) else {"mean_return": float(mean)}
         if not self._send(wire.encode(
                 wire.PBT_REPORT, member=self.member, steps=int(node.source.state()["env_steps"]),
@@ -314,6 +332,8 @@ class PBTMember:
             self._refuse(request, f"load refused, kept the state I had: {exc}")
             return
         self.hyper, self.loads, self.donor = hyper, self.loads + 1, msg.fields["donor"]
+        episodes = getattr(node.source, "episodes", None)
+        self.episodes_at_load = episodes.count if episodes is not None else 0
         # New parameters, so a new version: followers ignore one they already hold.
         node.updates += 1
         node._publish()
