@@ -147,7 +147,7 @@ def plot(out: Path, seeds: list[int]) -> None:
             ax.set_title(f"PBT members' {key.removeprefix('hp_')}", fontsize=9)
             ax.set_xlabel("member's env steps")
     fig.tight_layout()
-    fig.savefig(out / "pbt.png", dpi=110)
+    fig.savefig(out / "pbt.png", dpi=80)
     print(f"plot: {out / 'pbt.png'}")
 
 
