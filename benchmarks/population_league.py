@@ -1,8 +1,8 @@
 """Does Capture the Flag's recipe pay? What BENCHMARKS.md records for
 topologies/population_league.yaml.
 
-    python benchmarks/population_league.py run --seconds 900 --out DIR
-    python benchmarks/population_league.py compare DIR [--games 200] [--bot-simulations 100]
+    python benchmarks/population_league.py run --seconds 900 --out DIR [--seed S]
+    python benchmarks/population_league.py compare DIR [--games 400] [--bot-simulations 100]
     python benchmarks/population_league.py plot DIR [--png docs/population_league_ratings.png]
 
 ``run``: two arms of equal wall time on this machine, one after the other.
@@ -50,11 +50,19 @@ def load() -> str:
     return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-def member_draws() -> list[dict[str, Any]]:
+def topology(seed: int | None) -> dict[str, Any]:
+    """The population topology as a run with ``--seed`` loads it."""
+    raw = yaml.safe_load(TOPOLOGY.read_text())
+    if seed is not None:
+        raw["seed"] = seed
+    return raw
+
+
+def member_draws(seed: int | None = None) -> list[dict[str, Any]]:
     """Each member's hyperparameters, as ``population.expand`` draws them for the run."""
     from zmqrl.run import population
 
-    expanded = population.expand(yaml.safe_load(TOPOLOGY.read_text()))
+    expanded = population.expand(topology(seed))
     return [expanded["nodes"][f"learner_m{k}"]["args"]["hyperparameters"]
             for k in range(len([n for n in expanded["nodes"] if n.startswith("learner_m")]))]
 
@@ -71,14 +79,15 @@ def up(topology: Path, run_dir: Path, seconds: float, sets: list[str], log: Path
 def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    draws = member_draws()
+    draws = member_draws(args.seed)
     (out / "draws.json").write_text(json.dumps(draws, indent=1))
     started = time.time()
-    proc = up(TOPOLOGY, out / "population", args.seconds, [], out / "population.log")
+    seed_set = [] if args.seed is None else [f"seed={args.seed}"]
+    proc = up(TOPOLOGY, out / "population", args.seconds, seed_set, out / "population.log")
     if proc.wait() != 0:
         raise SystemExit(f"the population's run failed: {out / 'population.log'}")
     print(f"population: {time.time() - started:.0f} s; {load()}", flush=True)
-    raw = yaml.safe_load(TOPOLOGY.read_text())
+    raw = topology(args.seed)
     broker_args = raw["nodes"]["broker"]["args"]
     started = time.time()
     procs = []
@@ -136,6 +145,22 @@ def _score(record: tuple[float, float, float]) -> float:
     return (wins + 0.5 * draws) / max(1.0, wins + draws + losses)
 
 
+def _interval(record: tuple[float, float, float]) -> tuple[float, float]:
+    """The score's 95 % interval (normal approximation over the games' scores 1, 1/2, 0)."""
+    wins, draws, losses = record
+    n = max(1.0, wins + draws + losses)
+    mean = _score(record)
+    var = (wins + 0.25 * draws) / n - mean * mean
+    half = 1.96 * (max(var, 0.0) / n) ** 0.5
+    return max(0.0, mean - half), min(1.0, mean + half)
+
+
+def _record_text(record: tuple[float, float, float]) -> str:
+    low, high = _interval(record)
+    return (f"{record[0]:.0f} W {record[1]:.0f} D {record[2]:.0f} L (score "
+            f"{_score(record):.3f}, 95 % [{low:.3f}, {high:.3f}])")
+
+
 def compare(args: argparse.Namespace) -> None:
     import torch
 
@@ -177,17 +202,16 @@ def compare(args: argparse.Namespace) -> None:
                         "independent": {p.name: u for p, u in independents}}}
     record = _play(game, population, best, args.games)
     report["head_to_head"] = dict(zip(("wins", "draws", "losses"), record, strict=True))
+    report["head_to_head"]["interval"] = _interval(record)
     print(f"head to head, {args.games} games: population {best_member} "
-          f"{record[0]:.0f} W {record[1]:.0f} D {record[2]:.0f} L against {best.name} "
-          f"(score {_score(record):.3f}); {load()}", flush=True)
+          f"{_record_text(record)} against {best.name}; {load()}", flush=True)
     bot = MCTSPlayer(game, args.bot_simulations, seed=7)
     for player in (population, best):
         record = _play(game, player, bot, args.games)
         report[f"vs_mcts_{player.name}"] = dict(zip(("wins", "draws", "losses"), record,
                                                     strict=True))
         print(f"{player.name} against MCTS-{args.bot_simulations}, {args.games} games: "
-              f"{record[0]:.0f} W {record[1]:.0f} D {record[2]:.0f} L "
-              f"(score {_score(record):.3f}); {load()}", flush=True)
+              f"{_record_text(record)}; {load()}", flush=True)
     (out / "compare.json").write_text(json.dumps(report, indent=1))
 
 
@@ -226,10 +250,12 @@ def main() -> None:
     p = sub.add_parser("run")
     p.add_argument("--seconds", type=float, default=900.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, help="the topology's seed (its draws and initial "
+                   "weights; default: the file's)")
     p.set_defaults(fn=run)
     p = sub.add_parser("compare")
     p.add_argument("dir")
-    p.add_argument("--games", type=int, default=200)
+    p.add_argument("--games", type=int, default=400)
     p.add_argument("--round-robin-games", type=int, default=40)
     p.add_argument("--bot-simulations", type=int, default=100)
     p.set_defaults(fn=compare)
