@@ -106,6 +106,14 @@ class ActorCritic(nn.Module):
             self.register_buffer("action_half", torch.from_numpy((high - low) / 2),
                                  persistent=False)
 
+    def surgery_chains(self) -> list:
+        """How surgery carries trained parameters into a changed ActorCritic
+        (zmqrl.parts.surgery): the policy and value MLPs, tanh between layers."""
+        from zmqrl.parts.surgery.net2net import mlp_chains
+
+        return mlp_chains(self, {"policy": "logits" if self.discrete else "features",
+                                 "value": "value"}, "tanh")
+
     # ----- shared pieces ---------------------------------------------------------------
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         flat = as_float(obs.reshape(obs.shape[0], -1))

@@ -49,6 +49,13 @@ class DuelingQNetwork(nn.Module):
         self.advantage = nn.Linear(features, num_actions)
         init_dueling(self.torso, self.value, self.advantage)
 
+    def surgery_chains(self) -> list:
+        """How surgery carries trained parameters into a changed network
+        (zmqrl.parts.surgery): the ReLU torso, then the value and the advantage heads."""
+        from zmqrl.parts.surgery.net2net import mlp_chains
+
+        return mlp_chains(self, {"value": "value", "advantage": "advantage"}, "relu")
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values [N, A] for observations [N, ...]."""
         flat = as_float(obs.reshape(obs.shape[0], -1))
