@@ -130,3 +130,81 @@ def test_a_model_that_declares_no_chains_is_refused_naming_it():
     old = RecurrentQNetwork(spec(), hidden=(16,), lstm=16)
     with pytest.raises(SurgeryRefused, match="RecurrentQNetwork does not say"):
         carry(old, RecurrentQNetwork(spec(), hidden=(32,), lstm=16))
+
+
+# ----- zmqrl surgery RUN_DIR NEW.yaml --check ---------------------------------------------
+def _run_dir(tmp_path, env=None, **model):
+    """A stopped seed.yaml run: its topology and a learner checkpoint of a model whose
+    weights are not the initialisation's."""
+    from zmqrl.parts.envs import env_spec
+    from zmqrl.parts.models import build_model
+    from zmqrl.run.topology import load
+
+    from conftest import write_topology
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    old = write_topology(tmp_path, "seed.yaml", **({"model": model} if model else {}),
+                         **({"env": env} if env else {}))
+    (run_dir / "topology.yaml").write_text(old.read_text())
+    topo = load(old)
+    model = trained(build_model(topo.model, env_spec(topo.env), topo.seed))
+    torch.save({"model": model.state_dict(), "updates": 7}, run_dir / "checkpoints" / "learner.pt")
+    return run_dir
+
+
+def test_surgery_check_reports_what_is_carried_and_the_output_difference(tmp_path):
+    from click.testing import CliRunner
+
+    from zmqrl.cli import main
+
+    from conftest import write_topology
+
+    run_dir = _run_dir(tmp_path)
+    wide = write_topology(tmp_path, "seed.yaml", model={"hidden": [128, 128, 128]})
+    result = CliRunner().invoke(main, ["surgery", str(run_dir), str(wide), "--check"])
+    assert result.exit_code == 0, result.output
+    assert "== learner.pt" in result.output
+    assert "transformed  policy.0.weight: units 64 -> 128" in result.output
+    assert "identity" in result.output  # the inserted layer
+    line = next(x for x in result.output.splitlines() if x.startswith("largest output"))
+    assert "from CartPole-v1 under random actions" in line
+    assert all(float(v.split()[-1]) < TOL for v in line.split(": ", 1)[1].split(", ")), line
+    # nothing was written
+    assert torch.load(run_dir / "checkpoints" / "learner.pt")["model"]["policy.0.weight"] \
+        .shape == (64, 4)
+
+
+def test_surgery_check_names_the_layer_it_cannot_carry(tmp_path):
+    from click.testing import CliRunner
+
+    from zmqrl.cli import main
+
+    from conftest import write_topology
+
+    run_dir = _run_dir(tmp_path)
+    narrow = write_topology(tmp_path, "seed.yaml", model={"hidden": [32, 64]})
+    result = CliRunner().invoke(main, ["surgery", str(run_dir), str(narrow), "--check"])
+    assert result.exit_code == 1
+    assert "refused: policy.0: 64 outputs -> 32" in result.output
+    masked = write_topology(tmp_path, "seed.yaml", env={"id": "zmqrl/CartPoleNoVelocity-v1"})
+    result = CliRunner().invoke(main, ["surgery", str(run_dir), str(masked), "--check"])
+    assert result.exit_code == 1 and "policy.0: 4 inputs -> 2" in result.output
+
+
+def test_surgery_check_places_the_old_features_in_the_new_observation(tmp_path):
+    """Masked CartPole's run, checked against full CartPole with the old columns at 0, 2."""
+    from click.testing import CliRunner
+
+    from zmqrl.cli import main
+
+    from conftest import write_topology
+
+    run_dir = _run_dir(tmp_path, env={"id": "zmqrl/CartPoleNoVelocity-v1"})
+    full = write_topology(tmp_path, "seed.yaml")
+    result = CliRunner().invoke(main, ["surgery", str(run_dir), str(full), "--check",
+                                       "--inputs", "0,2"])
+    assert result.exit_code == 0, result.output
+    assert "inputs 2 -> 4 (new columns 0)" in result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("largest output"))
+    assert all(float(v.split()[-1]) < TOL for v in line.split(": ", 1)[1].split(", ")), line

@@ -276,6 +276,48 @@ def validate(topologies: tuple[str, ...], sets: tuple[str, ...]) -> None:
 
 
 @main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.argument("topology", type=click.Path(dir_okay=False, exists=True))
+@click.option("--check", is_flag=True, required=True,
+              help="Report what would be carried, transformed or refused; change nothing.")
+@click.option("--inputs", metavar="I,J,...",
+              help="The new observation's column of each old one (default: the old "
+                   "features first).")
+@click.option("--logit-tolerance", type=click.FloatRange(min=0, min_open=True, max=0.5),
+              default=1e-4, show_default=True,
+              help="The probability a new action may get, and the old ones may move by.")
+@_set_option
+def surgery(run_dir: str, topology: str, check: bool, inputs: str | None,
+            logit_tolerance: float, sets: tuple[str, ...]) -> None:
+    """What TOPOLOGY's model would make of RUN_DIR's trained ones (docs/surgery.md): for
+    each model checkpoint, every parameter copied, transformed or new, or the layer that
+    cannot be carried and why; and the largest output difference on sample observations.
+    Exits 1 if any checkpoint cannot be carried."""
+    from zmqrl.run.surgery import check as check_surgery
+
+    try:
+        columns = [int(c) for c in inputs.split(",")] if inputs else None
+    except ValueError:
+        raise click.BadParameter(f"{inputs!r}: give column numbers, as 0,2",
+                                 param_hint="--inputs") from None
+    new = _load(topology, sets)
+    results = check_surgery(Path(run_dir), new, columns, logit_tolerance)
+    if not results:
+        click.echo(f"error: {run_dir} holds no model checkpoint", err=True)
+        sys.exit(1)
+    for checked in results:
+        click.echo(f"== {checked.path.name}")
+        if checked.refused:
+            click.echo(f"refused: {checked.refused}")
+            continue
+        for line in checked.lines:
+            click.echo(f"  {line}")
+        diffs = ", ".join(f"{k} {v:.2g}" for k, v in checked.differences.items())
+        click.echo(f"largest output difference ({checked.observations}): {diffs}")
+    sys.exit(1 if any(c.refused for c in results) else 0)
+
+
+@main.command()
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--force", is_flag=True, help="Replace keys that already exist.")
 def keys(directory: str, force: bool) -> None:
