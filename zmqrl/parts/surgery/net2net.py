@@ -173,13 +173,14 @@ def _carry_chain(old: nn.Module, new: nn.Module, old_chain: Chain, chain: Chain,
     for i, (name, layer) in enumerate(zip(chain.layers, new_layers, strict=True)):
         src = sources[i]
         if src is None:  # an inserted hidden layer: the identity on the old units
-            width = len(columns) if columns is not None else _in_width_of(new_layers[i - 1])
+            # the old units (or, first in the chain, the old inputs) it passes on
+            rows = list(columns) if columns is not None else \
+                list(range(old_layers[0].in_features))
             weight = layer.weight.detach().clone()
             bias = layer.bias.detach().clone()
-            if layer.out_features < width:
+            if layer.out_features <= max(rows) or layer.in_features <= max(rows):
                 raise SurgeryRefused(f"{name}: an inserted layer of {layer.out_features} "
-                                     f"units cannot pass on the {width} before it")
-            rows = list(columns) if columns is not None else list(range(width))
+                                     f"units cannot pass on the {len(rows)} before it")
             weight[rows] = 0.0
             gain = 1.0 if chain.activation == "relu" or scale != 1.0 else eps
             weight[rows, rows] = gain
@@ -278,10 +279,6 @@ def _linear(model: nn.Module, name: str) -> nn.Linear:
     if not isinstance(module, nn.Linear):
         raise SurgeryRefused(f"{name}: a {type(module).__name__}, not a Linear layer")
     return module
-
-
-def _in_width_of(layer: nn.Linear) -> int:
-    return layer.out_features
 
 
 def _in_width(model: nn.Module) -> int | None:
