@@ -39,27 +39,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 from zmqrl.bus import messages, roles, wire
 from zmqrl.bus.metrics import LatencyReservoir
-from zmqrl.bus.node import Link, Node, Outbox
+from zmqrl.bus.node import Link, Node, Outbox, Outgoing
 from zmqrl.parts.acting import ActingSetup, Behaviour, EpisodeLog, act_batched, behaviour_for
 from zmqrl.parts.acting.params import ParamsFollower
 from zmqrl.parts.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
 from zmqrl.run.topology import NodeSpec, Topology, load_class
 
-
-class Outgoing(Protocol):
-    """What the broker's loop needs of its outbox: flush it, and pause while it is full."""
-
-    def flush(self) -> None: ...
-
-    @property
-    def full(self) -> bool: ...
-
-    def __len__(self) -> int: ...
 
 class InferenceBroker(Node):
     binds = {"policy": "router"}

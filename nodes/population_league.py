@@ -199,9 +199,8 @@ class PopulationLeague(Node):
             if name not in self.member_names:
                 raise wire.ProtocolError(f"exploited: {name} is not a member of this "
                                          f"population ({len(self.member_names)} members)")
-        if donor not in self.ratings.players:
+        if not self.ratings.take_rating(recipient, donor):
             return  # the donor is unrated: the recipient keeps what it has
-        self.ratings.add(recipient).rating = self.ratings.rating(donor)
         self.last_played[recipient] = time.monotonic()
         self.exploits_told += 1
         self.log.info("%s copied %s: rated %.0f", recipient, donor,

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import zmq
 
@@ -109,6 +109,18 @@ class NodeContext:
 @dataclass
 class NoArgs:
     pass
+
+
+class Outgoing(Protocol):
+    """What a node's loop needs of an outbox (an :class:`Outbox`, or several seen as one):
+    flush it, and hold its producers while it is full."""
+
+    def flush(self) -> None: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def __len__(self) -> int: ...
 
 
 class Outbox:

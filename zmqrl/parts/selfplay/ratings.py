@@ -94,6 +94,15 @@ class Ratings:
             n += 1
         return n
 
+    def take_rating(self, recipient: str, donor: str) -> bool:
+        """``recipient`` now plays as ``donor`` does (a PBT exploit copied the donor's
+        weights): it takes the donor's rating, keeping its own games. False (nothing
+        changed) if the donor is unrated."""
+        if donor not in self.players:
+            return False
+        self.add(recipient).rating = self.players[donor].rating
+        return True
+
     def forget(self, keep: Iterable[str]) -> None:
         """Drop every player not in ``keep`` (snapshots evicted from every pool)."""
         kept = set(keep)

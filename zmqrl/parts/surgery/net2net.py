@@ -125,10 +125,10 @@ def check(old: nn.Module, new: nn.Module, obs: torch.Tensor,
           inputs: Sequence[int] | None = None) -> dict[str, float]:
     """The largest absolute difference of each output the two models share, on ``obs``
     (the new model's observations; the old model sees its columns of them)."""
-    old_obs = obs if inputs is None else obs[..., list(inputs)]
-    if inputs is None:
-        width = _in_width(old)
-        old_obs = obs[..., :width] if width is not None else obs
+    if inputs is not None:
+        old_obs = obs[..., list(inputs)]
+    else:  # the old features come first
+        old_obs = obs[..., :_linear(old, chains_of(old)[0].layers[0]).in_features]
     old_chains = {c.layers[-1]: c for c in chains_of(old)}
     diffs = {}
     with torch.no_grad():
@@ -279,11 +279,6 @@ def _linear(model: nn.Module, name: str) -> nn.Linear:
     if not isinstance(module, nn.Linear):
         raise SurgeryRefused(f"{name}: a {type(module).__name__}, not a Linear layer")
     return module
-
-
-def _in_width(model: nn.Module) -> int | None:
-    chains = chains_of(model)
-    return _linear(model, chains[0].layers[0]).in_features if chains else None
 
 
 def _chain_output(model: nn.Module, chain: Chain, obs: torch.Tensor) -> torch.Tensor:
