@@ -116,7 +116,7 @@ class MuZeroActor(SearchActor):
                 obs.astype(self.spec.obs_dtype, copy=False), step, self.spec.num_actions,
                 self.search, cfg.unroll_steps, cfg.td_steps, seed + 1000 * i + 1,
                 reanalyse=cfg.reanalyse, priority_eps=cfg.priority_eps,
-                unroll_obs=cfg.unroll_observations)))
+                unroll_obs=cfg.unroll_observations, bootstrap=cfg.bootstrap_arrays)))
         return lanes
 
     def _env_stepper(self, env: Any, episodes: Any) -> Any:

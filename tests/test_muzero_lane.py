@@ -212,3 +212,16 @@ def test_the_broker_keeps_latents_and_batches_connections_as_one():
         fresh.observe_step(_step([False, False], np.zeros((0, 4)), [0, 0], [1, 0], [1, 1]))
     with pytest.raises(wire.ProtocolError, match="a tree has 4"):
         fresh.observe_step(_step([True, True], roots, [0, 0], [0, 0], [0, 4]))
+
+
+def test_bootstrap_arrays_alone_for_the_target_network():
+    """``bootstrap`` without ``reanalyse``: items carry the value targets' parts (the
+    learner's target network recomputes them) and not the unroll's observations."""
+    targets = Targets(1, A, unroll_steps=2, td_steps=2, discount=0.5, bootstrap=True)
+    _add(targets, [1.0, 1.0, 1.0, 1.0], [4.0, 4.0, 4.0, 4.0])
+    targets.end(0, truncated=True)
+    item = targets.take()
+    assert "obs_unroll" not in item
+    t_of = item["obs_bootstrap"][..., 0]
+    z = item["partial_return"] + item["bootstrap_discount"] * 4.0 * (t_of > 0)
+    np.testing.assert_allclose(z, item["value"], rtol=1e-6)

@@ -309,3 +309,62 @@ def test_consistency_loss_teaches_the_dynamics_what_it_reaches():
                                     consistency_cost=1.0)
     consistency.sum().backward()
     assert reached.grad is None
+
+
+def _with_bootstrap(batch: dict[str, torch.Tensor], seed: int = 5) -> dict[str, torch.Tensor]:
+    """``batch`` plus the bootstrap arrays: some targets bootstrap (discount 0.9^2),
+    the rest end in a terminal state (discount 0, the observation zeros)."""
+    g = torch.Generator().manual_seed(seed)
+    size = batch["obs"].shape[0]
+    discount = torch.full((size, K + 1), 0.81)
+    discount[: size // 2, 2:] = 0.0
+    obs = torch.randn(size, K + 1, 4, generator=g) * (discount > 0)[..., None]
+    return {**batch, "obs_bootstrap": obs, "bootstrap_discount": discount,
+            "partial_return": torch.rand(size, K + 1, generator=g) * 3}
+
+
+def test_bootstrapped_values_are_the_reward_sum_and_the_discounted_value():
+    from zmqrl.parts.muzero.learner import bootstrapped_values
+
+    model, _ = _setup()
+    batch = _with_bootstrap(_batch())
+    z = bootstrapped_values(model, batch)
+    with torch.no_grad():
+        _, logits = model.predict(model.represent(batch["obs_bootstrap"].flatten(0, 1)))
+        v = support_to_scalar(logits, model.support_size).view(B, K + 1)
+    expected = batch["partial_return"] + batch["bootstrap_discount"] * v
+    assert torch.allclose(z, expected, atol=1e-5)
+    ended = batch["bootstrap_discount"] == 0
+    assert ended.any() and torch.equal(z[ended], batch["partial_return"][ended])
+
+
+def test_target_network_sets_the_value_targets_and_lags_n_updates():
+    """With ``target_update_every`` N the stored value targets are not what the learner
+    fits: it recomputes them with a copy of its network taken every N updates."""
+    from zmqrl.parts.muzero.learner import bootstrapped_values
+
+    with pytest.raises(ValueError, match="algo.target_update_every"):
+        MuZeroConfig(target_update_every=-1)
+    assert MuZeroConfig(target_update_every=10).bootstrap_arrays
+    assert not MuZeroConfig().bootstrap_arrays
+    assert not MuZeroConfig(target_update_every=10).unroll_observations
+    model, learner = _setup(target_update_every=3)
+    batch = _with_bootstrap(_batch())
+    # the stored targets are garbage: the priorities show they were not used
+    garbage = dict(batch, value=torch.full((B, K + 1), 1e3))
+    snapshots = []
+    for _ in range(7):
+        before = copy.deepcopy(model)
+        _, priorities = learner.update(garbage)
+        snapshots.append(before)
+        assert (priorities < 100).all()  # |v - z| with z recomputed, not 1e3
+    # updates 0..6: the target was taken before updates 0, 3 and 6
+    for name, p in learner.target.state_dict().items():
+        assert torch.equal(p, snapshots[6].state_dict()[name]), name
+    z = bootstrapped_values(snapshots[6], batch)
+    assert torch.allclose(bootstrapped_values(learner.target, batch), z)
+    assert not torch.allclose(bootstrapped_values(model, batch), z)  # it moved since
+    # the target travels with the learner's state (a resumed run keeps its lag)
+    twin = MuZeroLearner(learner.cfg, copy.deepcopy(model))
+    twin.load_state_dict(copy.deepcopy(learner.state_dict()))
+    assert torch.allclose(bootstrapped_values(twin.target, batch), z)

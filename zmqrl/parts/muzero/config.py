@@ -63,6 +63,14 @@ class MuZeroConfig(AlgoConfig):
     # target's bootstrap, and the reward sums and discounts of the value targets.
     # Several times an item's observation bytes: off unless a reanalyse node runs.
     reanalyse: bool = False
+    # A target network for the value targets (LightZero's and EfficientZero's
+    # ``target_model``; not the paper's MuZero, whose targets are the actors' search
+    # values): with N > 0 the learner recomputes every n-step value target from the
+    # stored reward sums and bootstrap observations with a copy of its network refreshed
+    # every N updates, so a target is never staler than N updates, however long the item
+    # has been held. Items then carry the bootstrap arrays (as for a reanalyse node).
+    # 0: the stored targets.
+    target_update_every: int = ranged(0, ge=0)
     # Learner.
     batch_size: int = ranged(128, ge=1)  # positions (each with K unrolled steps) per update
     lr: float = ranged(1e-3, gt=0)  # Adam (the start value when annealed)
@@ -91,15 +99,22 @@ class MuZeroConfig(AlgoConfig):
         return {"K": self.unroll_steps}  # the replay's layout, whoever inserts first
 
     def optional_arrays(self) -> dict[str, bool]:
-        # the reanalyse arrays come exactly when a reanalyse node runs; the unroll's
-        # observations also for the consistency loss
-        return {**dict.fromkeys(BOOTSTRAP_ARRAYS, self.reanalyse),
+        # the reanalyse arrays come exactly when a reanalyse node runs; the bootstrap
+        # arrays also for the target network, the unroll's observations also for the
+        # consistency loss
+        return {**dict.fromkeys(BOOTSTRAP_ARRAYS,
+                                self.reanalyse or self.target_update_every > 0),
                 UNROLL_OBS: self.reanalyse or self.consistency_cost > 0}
 
     @property
     def unroll_observations(self) -> bool:
         """Whether items carry the observations at t+1..t+K."""
         return self.optional_arrays()[UNROLL_OBS]
+
+    @property
+    def bootstrap_arrays(self) -> bool:
+        """Whether items carry each value target's reward sum and bootstrap."""
+        return self.optional_arrays()[BOOTSTRAP_ARRAYS[0]]
 
     def items_per_env_step(self) -> int:
         # One position per env step. (An episode's end completes the targets of the

@@ -38,6 +38,14 @@ step's other terms. EfficientZero compares them through projection and predictio
 heads (SimSiam); here the min-max scaled latents are compared directly, which needs no
 new parameters in the model.
 
+With ``target_update_every`` N > 0 (LightZero's and EfficientZero's target network, not
+the paper's MuZero) the batch's ``value`` is replaced before the loss: each target is
+recomputed as ``partial_return + bootstrap_discount * v'(obs_bootstrap)`` with v' the
+value of a copy of the network refreshed every N updates (:func:`bootstrapped_values`).
+The stored targets bootstrap from the actors' search values, as old as the item; these
+are at most N updates old, and the copy keeps the learner from chasing its own latest
+step.
+
 The paper scales each unrolled step's loss with ``scale_gradient`` (the gradient only);
 here the step's loss itself is multiplied by 1/K: the same gradient, and the reported
 ``loss`` is then what is minimised.
@@ -45,6 +53,7 @@ here the step's loss itself is multiplied by 1/K: the same gradient, and the rep
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -134,6 +143,23 @@ def muzero_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], value_co
     return loss, terms, value
 
 
+def bootstrapped_values(target: torch.nn.Module, batch: dict[str, torch.Tensor],
+                        precision: str = "float32") -> torch.Tensor:
+    """The n-step value targets [B, K+1] recomputed with ``target``'s value of each
+    bootstrap observation: ``partial_return + bootstrap_discount * v(obs_bootstrap)``
+    (where the discount is 0, no bootstrap: past a terminal state, or the sum reached
+    the episode's end)."""
+    discount = batch["bootstrap_discount"].float()
+    value = batch["partial_return"].float().clone()
+    boot = discount > 0
+    if bool(boot.any()):
+        obs = batch["obs_bootstrap"][boot]
+        with torch.no_grad(), autocast(obs.device, precision):
+            _, logits = target.predict(target.represent(obs))
+        value[boot] += discount[boot] * support_to_scalar(logits.float(), target.support_size)
+    return value
+
+
 class MuZeroLearner:
     """One Adam step on MuZero's unrolled loss per batch; returns the new priorities."""
 
@@ -148,11 +174,20 @@ class MuZeroLearner:
         self.weights = [p for p in self.params if p.dim() > 1]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr)
         self.updates = 0  # drives lr annealing; restored with the checkpoint
+        # the value targets' network (target_update_every > 0), refreshed every N updates
+        self.target: torch.nn.Module | None = None
+        if cfg.target_update_every > 0:
+            self.target = copy.deepcopy(model).requires_grad_(False)
 
     def update(self, batch: dict[str, torch.Tensor]
                ) -> tuple[dict[str, float], torch.Tensor]:
         """One step; ``(terms, priorities [B])``, the priorities detached, float32."""
         cfg = self.cfg
+        if self.target is not None:
+            if self.updates % cfg.target_update_every == 0:
+                self.target.load_state_dict(self.model.state_dict())
+            batch = {**batch, "value": bootstrapped_values(self.target, batch,
+                                                           self.precision)}
         per_item, terms, value = muzero_loss(self.model, batch, cfg.value_cost, self.precision,
                                              cfg.consistency_cost)
         weights = batch.get("weight")
@@ -175,8 +210,13 @@ class MuZeroLearner:
         return report, priorities
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        state = {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        if self.target is not None:
+            state["target"] = self.target.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+        if self.target is not None:  # a checkpoint from before the target: the model's
+            self.target.load_state_dict(state.get("target", self.model.state_dict()))

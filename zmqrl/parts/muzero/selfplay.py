@@ -21,7 +21,8 @@ t..t+K-1, the visit distributions of t..t+K and the n-step value targets
 t+K+n has been searched, or the episode ended: as soon as its targets are final.
 With ``reanalyse`` it also carries what recomputing its targets takes (the observations
 of the unroll and of each value target's bootstrap, the reward sums and discounts); with
-``unroll_obs`` the unroll's observations alone (the consistency loss's targets).
+``unroll_obs`` the unroll's observations alone (the consistency loss's targets), with
+``bootstrap`` the value targets' parts alone (the learner's target network).
 An episode cut by a time limit bootstraps from the value of its last searched
 position (the final observation is never searched; that value counts the last reward
 already), and past its end the value target is that value, not the 0 of a terminal
@@ -64,11 +65,12 @@ class Targets:
 
     def __init__(self, n: int, num_actions: int, unroll_steps: int, td_steps: int,
                  discount: float, reanalyse: bool = False, priority_eps: float = 1e-3,
-                 unroll_obs: bool | None = None):
+                 unroll_obs: bool | None = None, bootstrap: bool | None = None):
         self.k, self.td, self.discount = unroll_steps, td_steps, discount
-        self.reanalyse = reanalyse
         # the observations at t+1..t+K: for a reanalyse node, or the consistency loss
         self.unroll_obs = reanalyse if unroll_obs is None else unroll_obs or reanalyse
+        # each value target's parts: for a reanalyse node, or the learner's target network
+        self.bootstrap = reanalyse if bootstrap is None else bootstrap or reanalyse
         if not priority_eps > 0:
             raise ValueError(f"priority_eps must be > 0, got {priority_eps}")
         self.priority_eps = priority_eps
@@ -140,7 +142,7 @@ class Targets:
             obs = np.stack(ep.obs)
             item["obs_unroll"] = np.where(_expand(mask[:, 1:], obs.ndim - 1),
                                           obs[idx[:, 1:]], 0).astype(obs.dtype)
-        if self.reanalyse:  # what recomputing the targets takes (nodes/reanalyse.py)
+        if self.bootstrap:  # what recomputing the value targets takes
             obs = np.stack(ep.obs)
             # past a time limit's end the last row's value stands in (as above)
             disc = np.where(mask, boot[idx], 1.0 if cut else 0.0)
@@ -190,7 +192,7 @@ class LatentLane:
     def __init__(self, obs: np.ndarray, step_env: Any, num_actions: int,
                  params: SearchParams, unroll_steps: int, td_steps: int, seed: int = 0,
                  reanalyse: bool = False, priority_eps: float = 1e-3,
-                 unroll_obs: bool | None = None):
+                 unroll_obs: bool | None = None, bootstrap: bool | None = None):
         self.n = len(obs)
         self.obs = obs
         self.step_env = step_env
@@ -198,7 +200,7 @@ class LatentLane:
         self.rng = np.random.default_rng(seed)
         self.mcts = LatentMCTS(self.n, num_actions, params, self.rng)
         self.targets = Targets(self.n, num_actions, unroll_steps, td_steps, params.discount,
-                               reanalyse, priority_eps, unroll_obs)
+                               reanalyse, priority_eps, unroll_obs, bootstrap)
         self.at_root = True  # the next query is the roots' initial inference
         self.moves = 0
         self.searches = 0
