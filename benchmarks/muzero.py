@@ -5,7 +5,7 @@
     python benchmarks/muzero.py steps [--steps 200000] [--set algo.num_simulations=4]
     python benchmarks/muzero.py minatar [--seconds 300]
     python benchmarks/muzero.py reanalyse [--seconds 300] [--seed 1]
-    python benchmarks/muzero.py versus [--seeds 1 2 3] [--budget 300] [--set ...]
+    python benchmarks/muzero.py versus [--seeds 1 2 3] [--budget 300] [--set ...] [--arm NAME=K=V,...]
     python benchmarks/muzero.py minatar-steps [--seeds 1 2 3] [--steps 100000]
 
 ``throughput``: search simulations per second of the topology's search (its model,
@@ -315,11 +315,19 @@ def _to_target(topology: Path, seed: int, args: argparse.Namespace, sets: list[s
             last[1])
 
 
+def _arm(text: str) -> tuple[str, list[str]]:
+    """``NAME=KEY=VALUE,KEY=VALUE`` -> (NAME, the --set list)."""
+    name, _, sets = text.partition("=")
+    return name, [s for s in sets.split(",") if s]
+
+
 def versus(args: argparse.Namespace) -> None:
-    found: dict[str, list[float]] = {"muzero": [], "seed": []}
+    arms = [("muzero", TOPOLOGY, args.set),
+            *((name, TOPOLOGY, [*args.set, *sets]) for name, sets in map(_arm, args.arm)),
+            ("seed", REPO / "topologies" / "seed.yaml", [])]
+    found: dict[str, list[float]] = {name: [] for name, _, _ in arms}
     for seed in args.seeds:
-        for name, topology, sets in (("muzero", TOPOLOGY, args.set),
-                                     ("seed", REPO / "topologies" / "seed.yaml", [])):
+        for name, topology, sets in arms:
             t, steps, last, total = _to_target(topology, seed, args, sets, f"{name}-seed{seed}")
             found[name].append(steps if steps is not None else float("inf"))
             print(f"seed {seed} {name}: " + (
@@ -327,9 +335,11 @@ def versus(args: argparse.Namespace) -> None:
                 if steps is not None else
                 f"not reached in {args.budget:g} s: return(100) {last:.1f} at "
                 f"{total:,.0f} env steps") + f" ({load()})", flush=True)
-    mz, sd = (float(np.median(found[k])) for k in ("muzero", "seed"))
-    print(f"median env steps to {args.target:g}: muzero {mz:,.0f}, seed {sd:,.0f}; "
-          f"muzero/seed {mz / sd:.2f} (goal <= 0.5); sets {args.set}")
+    sd = float(np.median(found["seed"]))
+    for name, _, sets in arms[:-1]:
+        mz = float(np.median(found[name]))
+        print(f"median env steps to {args.target:g}: {name} {mz:,.0f}, seed {sd:,.0f}; "
+              f"{name}/seed {mz / sd:.2f} (goal <= 0.5); sets {sets}")
 
 
 def minatar_steps(args: argparse.Namespace) -> None:
@@ -374,6 +384,8 @@ def main() -> None:
     p.add_argument("--target", type=float, default=475.0)
     p.add_argument("--keep", help="copy each run directory here (for zmqrl plot)")
     p.add_argument("--set", action="append", default=[], help="for muzero.yaml")
+    p.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE,...",
+                   help="another muzero.yaml arm with these --sets (run after the first)")
     p = sub.add_parser("minatar-steps")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=100_000)
