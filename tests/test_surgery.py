@@ -208,3 +208,159 @@ def test_surgery_check_places_the_old_features_in_the_new_observation(tmp_path):
     assert "inputs 2 -> 4 (new columns 0)" in result.output
     line = next(x for x in result.output.splitlines() if x.startswith("largest output"))
     assert all(float(v.split()[-1]) < TOL for v in line.split(": ", 1)[1].split(", ")), line
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["torch-adam", "light-adam"])
+def test_adam_moments_follow_the_carried_parameters(light):
+    """After a wider carry the old moments sit where the old values went; new entries
+    start at 0 as a fresh Adam's; a parameter made anew has none; the step count goes on."""
+    from zmqrl.parts.algos.optim import make_adam
+    from zmqrl.parts.surgery.moments import carry_moments
+
+    old = trained(ActorCritic(spec(), hidden=(64, 64)))
+    old_opt = make_adam(old.parameters(), lr=1e-3, eps=1e-8, light=light)
+    for seed in range(3):
+        old_opt.zero_grad()
+        logits, value = old(obs(seed=seed))[:2]
+        (logits.square().mean() + value.square().mean()).backward()
+        old_opt.step()
+    new = ActorCritic(spec(obs=6), hidden=(128, 64, 64))
+    report = carry(old, new, inputs=[0, 2, 3, 5])
+    new_opt = make_adam(new.parameters(), lr=1e-3, eps=1e-8, light=light)
+    done, total = carry_moments(old_opt, new_opt, old, new, report.placed)
+    assert total == len(list(new.parameters())) and 0 < done < total
+
+    def moments(opt, model):
+        names = dict(model.named_parameters())
+        if light:
+            return {n: (opt.exp_avg[i], opt.exp_avg_sq[i]) for i, n in
+                    enumerate(n for p in opt.params for n, q in names.items() if q is p)}
+        return {n: (opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])
+                for n, p in names.items() if p in opt.state}
+
+    before, after = moments(old_opt, old), moments(new_opt, new)
+    m_old, v_old = before["policy.0.weight"]
+    m_new, v_new = after["policy.0.weight"]
+    assert torch.equal(m_new[:64][:, [0, 2, 3, 5]], m_old)
+    assert torch.equal(v_new[:64][:, [0, 2, 3, 5]], v_old)
+    assert not m_new[64:].any() and not m_new[:, [1, 4]].any()
+    assert torch.equal(after["value.2.bias"][0][:64], before["value.2.bias"][0])
+    # the inserted identity layer (policy.4) is new: no moments carried into it
+    assert "policy.4.weight" not in report.placed
+    if light:
+        assert new_opt.step_count == old_opt.step_count == 3
+        assert not after["policy.4.weight"][0].any()
+    else:
+        assert "policy.4.weight" not in after
+
+
+def _npz_replay(run_dir, items: dict[str, np.ndarray]) -> None:
+    n = len(next(iter(items.values())))
+    state = {"version": 1, "sampler": "uniform", "capacity": 100, "next_key": n,
+             "oldest_key": 0, "keys": np.arange(n, dtype=np.int64),
+             **{f"items/{k}": v for k, v in items.items()}}
+    np.savez(run_dir / "checkpoints" / "replay.replay.npz", **state)
+
+
+def test_surgery_carries_a_replays_items_into_the_new_observations(tmp_path):
+    """A masked-CartPole Ape-X run resumed on full CartPole: its learner is carried, its
+    replay's observations gain the velocity columns (0), nothing else of an item moves,
+    and the old checkpoints are kept aside with the old topology."""
+    from zmqrl.run import surgery
+    from zmqrl.run.topology import load
+
+    from conftest import write_topology
+
+    masked = {"id": "zmqrl/CartPoleNoVelocity-v1"}
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    old_path = write_topology(tmp_path, "apex.yaml", env=masked)
+    (run_dir / "topology.yaml").write_text(old_path.read_text())
+    old = load(old_path)
+    from zmqrl.parts.algos import make_algo
+    from zmqrl.parts.envs import env_spec
+    from zmqrl.parts.models import build_model
+
+    model = trained(build_model(old.model, env_spec(old.env), old.seed, algo=old.algo_config))
+    algo = make_algo(old.algo_config, model)
+    torch.save({"model": model.state_dict(), "algo": algo.state_dict(), "updates": 9,
+                "env_steps": 1000, "episodes": 40}, run_dir / "checkpoints" / "learner.pt")
+    rng = np.random.default_rng(0)
+    items = {"obs": rng.normal(size=(30, 2)).astype(np.float32),
+             "next_obs": rng.normal(size=(30, 2)).astype(np.float32),
+             "action": rng.integers(0, 2, 30), "reward": np.ones(30, np.float32)}
+    _npz_replay(run_dir, items)
+    new = load(write_topology(tmp_path, "apex.yaml"))
+    assert surgery.needed(run_dir, new)
+    results, fates = surgery.perform(run_dir, new, inputs=[0, 2])
+    assert "replay.replay.npz: 30 items carried (observations (2,) -> (4,), the new " \
+           "features 0)" in fates
+    carried = np.load(run_dir / "checkpoints" / "replay.replay.npz")
+    for name in ("obs", "next_obs"):
+        grown = carried[f"items/{name}"]
+        assert grown.shape == (30, 4) and not grown[:, [1, 3]].any()
+        np.testing.assert_array_equal(grown[:, [0, 2]], items[name])
+    np.testing.assert_array_equal(carried["items/action"], items["action"])
+    state = torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)
+    assert (state["updates"], state["env_steps"], state["episodes"]) == (9, 1000, 40)
+    assert state["model"]["torso.0.weight"].shape[1] == 4
+    assert max(results[0].differences.values()) < TOL
+    # the target network is the carried model, the counters as they were
+    assert state["algo"]["updates"] == algo.updates
+    for key, value in state["algo"]["target_model"].items():
+        assert torch.equal(value, state["model"][key]), key
+    backup = run_dir / "checkpoints" / "before-surgery-1"
+    assert sorted(p.name for p in backup.iterdir()) == [
+        "learner.pt", "replay.replay.npz", "topology.yaml"]
+    assert load(backup / "topology.yaml").env["id"] == masked["id"]
+    assert surgery.surgeries(run_dir) == 1
+
+
+def test_surgery_drops_replay_items_it_cannot_carry_with_their_count(tmp_path):
+    from zmqrl.run import surgery
+    from zmqrl.run.topology import load
+
+    from conftest import write_topology
+
+    run_dir = _run_dir(tmp_path)
+    _npz_replay(run_dir, {"obs": np.zeros((12, 4, 4), np.float32)})
+    new = load(write_topology(tmp_path, "seed.yaml", model={"hidden": [128, 128]}))
+    _, fates = surgery.perform(run_dir, new)
+    assert "replay.replay.npz: 12 items kept (the same observations)" in fates
+    assert (run_dir / "checkpoints" / "replay.replay.npz").exists()
+    masked = load(write_topology(tmp_path, "seed.yaml", model={"hidden": [128, 128]},
+                                 env={"id": "zmqrl/MinAtar-Breakout-v1"}))
+    fate = surgery._carry_replay(run_dir / "checkpoints" / "replay.replay.npz",
+                                 tmp_path / "out.npz", load(run_dir / "topology.yaml"),
+                                 masked, None)
+    assert fate.startswith("out.npz: 12 items dropped (observations (4,) -> (4, 10, 10)")
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_a_surgery_part_of_ones_own_is_the_one_used(tmp_path):
+    """``parts: {surgery: module:Name}``: the user's part carries (here: refuses, naming
+    its layer), not net2net; an unknown name is refused when the topology is checked."""
+    from click.testing import CliRunner
+
+    from zmqrl.cli import main
+
+    from conftest import write_topology
+
+    (tmp_path / "frozen_surgery.py").write_text(
+        "class Frozen:\n"
+        "    @staticmethod\n"
+        "    def carry(old, new, inputs=None, logit_tolerance=1e-4):\n"
+        "        raise ValueError('core.7: this model is never carried')\n\n"
+        "    @staticmethod\n"
+        "    def check(old, new, obs, inputs=None):\n"
+        "        return {}\n")
+    run_dir = _run_dir(tmp_path)
+    wide = write_topology(tmp_path, "seed.yaml", model={"hidden": [128, 128]},
+                          parts={"surgery": "frozen_surgery:Frozen"})
+    result = CliRunner().invoke(main, ["surgery", str(run_dir), str(wide), "--check"])
+    assert result.exit_code == 1, result.output
+    assert "refused: core.7: this model is never carried" in result.output
+    unknown = write_topology(tmp_path, "seed.yaml", parts={"surgery": "net3net"})
+    result = CliRunner().invoke(main, ["validate", str(unknown)])
+    assert result.exit_code != 0 and "parts.surgery" in result.output \
+        and "net3net" in result.output, result.output

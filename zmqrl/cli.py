@@ -78,7 +78,11 @@ def _check_cores(topo: Topology, engine: str) -> None:
               help="Continue the stopped (or crashed) run in RUN_DIR, in that directory: the "
                    "learner and the replay restore their checkpoints. TOPOLOGY defaults to "
                    "the run's own RUN_DIR/topology.yaml; give one (or --set) to change e.g. "
-                   "the actors, keeping the model, algorithm and replay settings.")
+                   "the actors or, by surgery, the model and the observations "
+                   "(docs/surgery.md).")
+@click.option("--surgery-inputs", metavar="COLS",
+              help="With --resume and new observation features: the new column of each old "
+                   "one, as 0,2 (default: the old features first).")
 @click.option("--max-steps", type=click.IntRange(min=1),
               help="Stop after this many env steps (a resumed run counts its earlier steps).")
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True),
@@ -109,7 +113,8 @@ def _check_cores(topo: Topology, engine: str) -> None:
               help="With --engine ray: give up if the cluster cannot place the run in S.")
 @_set_option
 def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
-       max_steps: int | None, max_seconds: float | None, target_return: float | None,
+       surgery_inputs: str | None, max_steps: int | None, max_seconds: float | None,
+       target_return: float | None,
        target_window: int, engine: str, address: str | None, strategy: str, curve: bool | None,
        placement_timeout: float, sets: tuple[str, ...]) -> None:
     """Run every node of TOPOLOGY on this machine (or, with --engine ray, on a Ray
@@ -141,6 +146,10 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
     topo = _load(topology, sets)
     directory = Path(run_dir) if run_dir else launch.default_run_dir(topo)
     check(directory)
+    if resume_dir is not None:
+        _surgery_if_needed(directory, topo, _columns(surgery_inputs, "--surgery-inputs"))
+    elif surgery_inputs is not None:
+        raise click.UsageError("--surgery-inputs needs --resume")
     stop = launch.StopConditions(max_steps=max_steps, max_seconds=max_seconds,
                                  target_return=target_return, window=target_window)
     _check_cores(topo, engine)
@@ -165,6 +174,43 @@ def up(topology: str | None, run_dir: str | None, resume_dir: str | None,
         # every node stopped, every file and socket closed: skip the interpreter's teardown
         lifetime.exit_now(code)
     sys.exit(code)
+
+
+def _columns(text: str | None, option: str) -> list[int] | None:
+    try:
+        return [int(c) for c in text.split(",")] if text else None
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give column numbers, as 0,2",
+                                 param_hint=option) from None
+
+
+def _surgery_if_needed(run_dir: Path, topo: Any, inputs: list[int] | None) -> None:
+    """Before a resumed run starts: carry its trained models into ``topo``'s where the
+    model or the env's spaces changed (zmqrl.run.surgery), or stop naming what cannot
+    be carried, the run untouched."""
+    from zmqrl.run import surgery
+
+    if not (run_dir / "topology.yaml").exists() or not surgery.needed(run_dir, topo):
+        if inputs is not None:
+            raise click.UsageError("--surgery-inputs: the model and the observations are "
+                                   "unchanged, there is no surgery to do")
+        return
+    try:
+        results, fates = surgery.perform(run_dir, topo, inputs)
+    except surgery.SurgeryError as exc:
+        click.echo(f"error: surgery refused, the run is untouched: {exc}", err=True)
+        sys.exit(2)
+    for checked in results:
+        diffs = ", ".join(f"{k} {v:.2g}" for k, v in checked.differences.items())
+        click.echo(f"surgery: {checked.path.name}: largest output difference {diffs} "
+                   f"({checked.observations})")
+        for line in checked.lines:
+            if not line.startswith("copied"):
+                click.echo(f"  {line}")
+    for fate in fates:
+        click.echo(f"surgery: {fate}")
+    click.echo(f"surgery: the old checkpoints are in {run_dir}/checkpoints/"
+               f"{surgery.BACKUP_PREFIX}{surgery.surgeries(run_dir)}/ (docs/surgery.md)")
 
 
 @main.command()
@@ -295,11 +341,7 @@ def surgery(run_dir: str, topology: str, check: bool, inputs: str | None,
     Exits 1 if any checkpoint cannot be carried."""
     from zmqrl.run.surgery import check as check_surgery
 
-    try:
-        columns = [int(c) for c in inputs.split(",")] if inputs else None
-    except ValueError:
-        raise click.BadParameter(f"{inputs!r}: give column numbers, as 0,2",
-                                 param_hint="--inputs") from None
+    columns = _columns(inputs, "--inputs")
     new = _load(topology, sets)
     results = check_surgery(Path(run_dir), new, columns, logit_tolerance)
     if not results:

@@ -39,6 +39,9 @@ GROUPS = {
     "messages": "zmqrl.messages",
     # a zmqrl.parts.selfplay.matchmaking.Matchmaker: whom a population member plays next
     "matchmaker": "zmqrl.matchmakers",
+    # a zmqrl.parts.surgery.Surgery: how a stopped run's model is carried into a changed
+    # one (zmqrl surgery, zmqrl up --resume)
+    "surgery": "zmqrl.surgery",
 }
 
 

@@ -213,15 +213,19 @@ class Parts:
     items: str  # what the learner trains on ("unrolls" or a replay item kind)
     source: str  # the learner's data source
     updater: str | None  # the learner's updater; None: by its links and replicas
+    # how a resumed run's model is carried into a changed one (zmqrl.parts.surgery)
+    surgery: str = "net2net"
 
     FIELDS: ClassVar[tuple[str, ...]] = ("behaviour", "gradient_behaviour", "items",
-                                         "source", "updater")
+                                         "source", "updater", "surgery")
 
     @classmethod
     def of(cls, cfg: AlgoConfig, overrides: Mapping[str, Any] | None = None) -> Parts:
         given = dict(overrides or {})
-        return cls(**{name: given.get(name, getattr(cfg, name, None))
-                      for name in cls.FIELDS})
+        found = {name: given.get(name, getattr(cfg, name, None)) for name in cls.FIELDS}
+        if found["surgery"] is None:
+            del found["surgery"]  # the default
+        return cls(**found)
 
     @property
     def unrolls(self) -> bool:

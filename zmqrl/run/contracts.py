@@ -65,6 +65,7 @@ SOURCE_METHODS = ("for_learner", "on_message", "next_batch", "done", "poll", "lo
                   "close", "metrics", "state", "restore")
 UPDATER_METHODS = ("for_learner", "bind", "ready", "step", "poll", "lost", "metrics",
                    "close")
+SURGERY_METHODS = ("carry", "check")  # zmqrl.parts.surgery.Surgery
 
 
 def _missing(cls: type, names: tuple[str, ...], base: type | None = None) -> list[str]:
@@ -119,7 +120,8 @@ def errors(topo: Topology) -> Errors:
                           "(zmqrl.parts.acting.Behaviour)")
                   for method in _missing(cls, BEHAVIOUR_METHODS, Behaviour)]
 
-    for field, methods in (("source", SOURCE_METHODS), ("updater", UPDATER_METHODS)):
+    for field, methods in (("source", SOURCE_METHODS), ("updater", UPDATER_METHODS),
+                           ("surgery", SURGERY_METHODS)):
         name = getattr(parts, field)
         if name is None:
             continue  # the updater: chosen by the learner's links and replicas

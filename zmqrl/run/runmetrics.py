@@ -42,6 +42,7 @@ from typing import Any
 from zmqrl.bus import messages, roles, status, wire
 from zmqrl.bus import tensorboard as tb
 from zmqrl.bus.metrics import CsvLog
+from zmqrl.run import surgery
 from zmqrl.run.topology import Topology, load_class
 
 MAX_ROW_FIELDS = 1000
@@ -126,6 +127,8 @@ class RunMetrics:
         # A resumed run carries on the totals of metrics/run.csv (its last row): time,
         # env steps (the nodes count from 0 again, except a learner) and episodes.
         self.base_time_s, self.base_env_steps, self.base_episodes = 0.0, 0, 0
+        # a surgery done before this resume (zmqrl.run.surgery), not yet marked on a row
+        self.surgery: int | None = None
         if resume:
             self._load_base()
         # Each node's role as its class declares it (a command node: from its hello),
@@ -141,10 +144,13 @@ class RunMetrics:
 
     def _load_base(self) -> None:
         path = self.run_dir / "metrics" / "run.csv"
-        if not path.exists():
-            return
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = []
+        if path.exists():
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+        marked = max((int(r["surgery"]) for r in rows if r.get("surgery")), default=0)
+        if surgery.surgeries(self.run_dir) > marked:
+            self.surgery = surgery.surgeries(self.run_dir)
         if rows:
             last = rows[-1]
             self.base_time_s = float(last.get("time_s") or 0)
@@ -307,6 +313,8 @@ class RunMetrics:
             "return_mean_100": round(self.mean_return(), 2),
             "updates": self.learner_row.get("updates", 0) if self.learner_row else 0,
         }
+        if self.surgery is not None:  # the first row after a surgery says which
+            row["surgery"], self.surgery = self.surgery, None
         self.run_log.write(row)
         self._log_board(row)
         status.write_supervisor(self.run_dir, {

@@ -71,7 +71,8 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {name: {"type": "string", "minLength": 1} for name in
-                           ("behaviour", "gradient_behaviour", "items", "source", "updater")},
+                           ("behaviour", "gradient_behaviour", "items", "source", "updater",
+                            "surgery")},
         },
         # What a run of this topology must reach, read by the tests (tests/expect.py)
         "expect": {

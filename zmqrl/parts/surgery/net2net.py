@@ -66,6 +66,10 @@ class Report:
     copied: list[str] = field(default_factory=list)  # same shape, same values
     transformed: dict[str, str] = field(default_factory=dict)  # name -> how
     fresh: list[str] = field(default_factory=list)  # nothing old to carry: new init kept
+    # new parameter -> (old parameter, where its values went unchanged in the new one):
+    # what an optimizer's moments follow (zmqrl.parts.surgery.moments); a parameter
+    # scaled or made anew has none
+    placed: dict[str, tuple[str, tuple]] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         return ([f"copied       {n}" for n in self.copied]
@@ -104,6 +108,7 @@ def carry(old: nn.Module, new: nn.Module, inputs: Sequence[int] | None = None,
         if name in old_params and old_params[name].shape == new_params[name].shape:
             plan[name] = old_params[name].detach().clone()
             report.copied.append(name)
+            report.placed[name] = (name, (...,))
         elif name in old_params:
             raise SurgeryRefused(f"{name}: {tuple(old_params[name].shape)} -> "
                                  f"{tuple(new_params[name].shape)}, and it is in no chain "
@@ -142,6 +147,14 @@ def check(old: nn.Module, new: nn.Module, obs: torch.Tensor,
 
 
 # ----- one chain ------------------------------------------------------------------------
+class Net2Net:
+    """The built-in surgery part (``parts: {surgery: net2net}``, the default): the
+    transforms of this module (:class:`zmqrl.parts.surgery.Surgery`)."""
+
+    carry = staticmethod(carry)
+    check = staticmethod(check)
+
+
 def _match(chain: Chain, old_chains: dict[str, Chain]) -> Chain:
     found = old_chains.get(chain.layers[-1]) or next(
         (c for c in old_chains.values() if c.output == chain.output
@@ -196,6 +209,12 @@ def _carry_chain(old: nn.Module, new: nn.Module, old_chain: Chain, chain: Chain,
         last = i == len(new_layers) - 1
         weight, bias, how = _grow(name, old_layer, layer, columns, scale,
                                   chain.output if last else "hidden", logit_tolerance)
+        if scale == 1.0 and name not in done:  # the old values sit unchanged at these
+            rows = slice(0, old_layer.out_features)
+            cols = columns if columns is not None else slice(0, old_layer.in_features)
+            source = old_chain.layers[src]
+            report.placed[f"{name}.weight"] = (f"{source}.weight", (rows, cols))
+            report.placed[f"{name}.bias"] = (f"{source}.bias", (rows,))
         _plan(plan, report, done, name, weight, bias, how)
         scale = 1.0
         columns = list(range(old_layer.out_features))  # old units keep their rows
