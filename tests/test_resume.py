@@ -87,6 +87,24 @@ def updates_at_least(run_dir: Path, n: int, since_row: int = 0) -> bool:
     return any(int(r["updates"]) >= n for r in rows(run_dir, "learner")[since_row:])
 
 
+def resume_taking_first_params(processes, topology: Path, run_dir: Path, log: Path
+                               ) -> tuple[subprocess.Popen, wire.Message]:
+    """``zmqrl up TOPOLOGY --resume RUN_DIR`` and the resumed learner's first ``params``
+    (subscribed before the learner binds: the first message is its first publish)."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RECONNECT_IVL, 20)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(address(run_dir, "learner", "params"))
+    try:
+        proc = processes.zmqrl("up", str(topology), "--resume", str(run_dir),
+                               "--max-seconds", "120", log=log)
+        assert sub.poll(60_000), "no params from the resumed learner within 60s"
+        return proc, wire.decode(sub.recv_multipart())
+    finally:
+        sub.close()
+
+
 def stop_run(proc: subprocess.Popen) -> None:
     """Ctrl-C a `zmqrl up`: its nodes checkpoint at exit."""
     os.killpg(proc.pid, signal.SIGTERM)
@@ -118,21 +136,10 @@ def test_resume_publishes_the_saved_parameters_and_trains_on(processes, tmp_path
     assert checkpoint.read_bytes() == saved_copy.read_bytes()
     assert log_text(run_dir, "learner").count("up (incarnation") == 1
 
-    # Subscribe before the resumed learner binds: the first message must be the restore.
-    sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.RECONNECT_IVL, 20)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(address(run_dir, "learner", "params"))
-    try:
-        rows_before = len(rows(run_dir, "learner"))
-        run_rows_before = read_csv(run_dir / "metrics" / "run.csv")
-        second = processes.zmqrl("up", str(topo), "--resume", str(run_dir),
-                                 "--max-seconds", "120", log=tmp_path / "up-2.log")
-        assert sub.poll(60_000), "no params from the resumed learner within 60s"
-        msg = wire.decode(sub.recv_multipart())
-    finally:
-        sub.close()
+    # The first message must be the restore.
+    rows_before = len(rows(run_dir, "learner"))
+    run_rows_before = read_csv(run_dir / "metrics" / "run.csv")
+    second, msg = resume_taking_first_params(processes, topo, run_dir, tmp_path / "up-2.log")
     assert msg.type == wire.PARAMS and msg.fields["version"] == n
     assert set(msg.arrays) == set(saved["model"])
     for name, tensor in saved["model"].items():
