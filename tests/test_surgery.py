@@ -160,16 +160,23 @@ def test_surgery_check_reports_what_is_carried_and_the_output_difference(tmp_pat
 
     from conftest import write_topology
 
+    def differences(output: str) -> list[float]:
+        line = next(x for x in output.splitlines() if x.startswith("largest output"))
+        assert "from CartPole-v1 under random actions" in line
+        return [float(v.split()[-1]) for v in line.split(": ", 1)[1].split(", ")]
+
     run_dir = _run_dir(tmp_path)
-    wide = write_topology(tmp_path, "seed.yaml", model={"hidden": [128, 128, 128]})
+    wide = write_topology(tmp_path, "seed.yaml", model={"hidden": [128, 128]})
     result = CliRunner().invoke(main, ["surgery", str(run_dir), str(wide), "--check"])
     assert result.exit_code == 0, result.output
     assert "== learner.pt" in result.output
     assert "transformed  policy.0.weight: units 64 -> 128" in result.output
-    assert "identity" in result.output  # the inserted layer
-    line = next(x for x in result.output.splitlines() if x.startswith("largest output"))
-    assert "from CartPole-v1 under random actions" in line
-    assert all(float(v.split()[-1]) < TOL for v in line.split(": ", 1)[1].split(", ")), line
+    assert all(d < TOL for d in differences(result.output)), result.output  # exact
+    deeper = write_topology(tmp_path, "seed.yaml", model={"hidden": [128, 128, 128]})
+    result = CliRunner().invoke(main, ["surgery", str(run_dir), str(deeper), "--check"])
+    assert result.exit_code == 0, result.output
+    assert "0.001 x identity (tanh), the next layer / 0.001" in result.output
+    assert all(d < TOL for d in differences(result.output)), result.output
     # nothing was written
     assert torch.load(run_dir / "checkpoints" / "learner.pt")["model"]["policy.0.weight"] \
         .shape == (64, 4)
@@ -213,7 +220,9 @@ def test_surgery_check_places_the_old_features_in_the_new_observation(tmp_path):
 @pytest.mark.parametrize("light", [False, True], ids=["torch-adam", "light-adam"])
 def test_adam_moments_follow_the_carried_parameters(light):
     """After a wider carry the old moments sit where the old values went; new entries
-    start at 0 as a fresh Adam's; a parameter made anew has none; the step count goes on."""
+    start at 0 as a fresh Adam's; a parameter made anew has none; where anything is
+    fresh the step count restarts (zero moments under an old count step ~3-6x the lr),
+    and a model carried whole keeps it."""
     from zmqrl.parts.algos.optim import make_adam
     from zmqrl.parts.surgery.moments import carry_moments
 
@@ -248,10 +257,26 @@ def test_adam_moments_follow_the_carried_parameters(light):
     # the inserted identity layer (policy.4) is new: no moments carried into it
     assert "policy.4.weight" not in report.placed
     if light:
-        assert new_opt.step_count == old_opt.step_count == 3
+        assert old_opt.step_count == 3 and new_opt.step_count == 0
         assert not after["policy.4.weight"][0].any()
     else:
         assert "policy.4.weight" not in after
+        steps = {n: int(new_opt.state[p]["step"]) for n, p in new.named_parameters()
+                 if p in new_opt.state}
+        assert steps["policy.0.weight"] == steps["value.2.weight"] == 0  # grown
+        assert steps["value.2.bias"] == 3  # copied whole: its own count
+    # the same model carried whole: every moment and the count as they were
+    same = ActorCritic(spec(), hidden=(64, 64))
+    same_report = carry(old, same)
+    same_opt = make_adam(same.parameters(), lr=1e-3, eps=1e-8, light=light)
+    count = len(list(same.parameters()))
+    assert carry_moments(old_opt, same_opt, old, same, same_report.placed) == (count, count)
+    kept = moments(same_opt, same)
+    assert all(torch.equal(kept[n][0], before[n][0]) for n in before)
+    if light:
+        assert same_opt.step_count == 3
+    else:
+        assert all(int(s["step"]) == 3 for s in same_opt.state.values())
 
 
 def _npz_replay(run_dir, items: dict[str, np.ndarray]) -> None:
