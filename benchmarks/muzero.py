@@ -5,7 +5,8 @@
     python benchmarks/muzero.py steps [--steps 200000] [--set algo.num_simulations=4]
     python benchmarks/muzero.py minatar [--seconds 300]
     python benchmarks/muzero.py reanalyse [--seconds 300] [--seed 1]
-    python benchmarks/muzero.py versus [--seeds 1 2 3] [--budget 300] [--set ...] [--arm NAME=K=V,...]
+    python benchmarks/muzero.py versus [--seeds 1 2 3] [--budget 300] [--set ...]
+        [--arm NAME=KEY=VALUE,...]
     python benchmarks/muzero.py minatar-steps [--seeds 1 2 3] [--steps 100000]
 
 ``throughput``: search simulations per second of the topology's search (its model,
