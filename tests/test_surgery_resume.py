@@ -90,6 +90,8 @@ def test_resume_under_a_wider_deeper_model_carries_the_learner_on(processes, tmp
              30, "the resumed run's rows")
     after = read_csv(run_dir / "metrics" / "run.csv")[len(run_before):]
     assert after[0]["surgery"] == "1" and all(not r["surgery"] for r in after[1:])
+    # the run's update count never goes back (before the learner's first report too)
+    assert all(int(r["updates"]) >= int(run_before[-1]["updates"]) for r in after)
     assert int(after[0]["env_steps"]) >= int(run_before[-1]["env_steps"])
     assert "size mismatch" not in (run_dir / "logs" / "learner.log").read_text()
     stop_run(second)

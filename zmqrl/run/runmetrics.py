@@ -125,8 +125,10 @@ class RunMetrics:
         self.board = tb.ScalarWriter(self.run_dir / "tb" / "run") if tb.enabled() else None
         self._last_row: tuple[float, int] | None = None  # (time_s, env steps) logged last
         # A resumed run carries on the totals of metrics/run.csv (its last row): time,
-        # env steps (the nodes count from 0 again, except a learner) and episodes.
+        # env steps (the nodes count from 0 again, except a learner) and episodes; the
+        # updates stand at the last row's until the restored learner reports.
         self.base_time_s, self.base_env_steps, self.base_episodes = 0.0, 0, 0
+        self.base_updates = 0
         # a surgery done before this resume (zmqrl.run.surgery), not yet marked on a row
         self.surgery: int | None = None
         if resume:
@@ -156,6 +158,7 @@ class RunMetrics:
             self.base_time_s = float(last.get("time_s") or 0)
             self.base_env_steps = int(float(last.get("env_steps") or 0))
             self.base_episodes = int(float(last.get("episodes") or 0))
+            self.base_updates = int(float(last.get("updates") or 0))
 
     # ----- the processes the supervisor runs ------------------------------------------
     def started(self, label: str, node: str, pid: int, secret: str) -> None:
@@ -311,7 +314,8 @@ class RunMetrics:
             "env_steps": self.total_env_steps, "episodes": self.base_episodes + self.episodes,
             "return_mean_20": round(self.mean_return(20), 2),
             "return_mean_100": round(self.mean_return(), 2),
-            "updates": self.learner_row.get("updates", 0) if self.learner_row else 0,
+            "updates": self.learner_row.get("updates", self.base_updates)
+            if self.learner_row else self.base_updates,
         }
         if self.surgery is not None:  # the first row after a surgery says which
             row["surgery"], self.surgery = self.surgery, None
