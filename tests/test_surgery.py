@@ -341,6 +341,19 @@ def test_surgery_carries_a_replays_items_into_the_new_observations(tmp_path):
     assert surgery.surgeries(run_dir) == 1
 
 
+def test_surgery_on_a_run_that_never_checkpointed_carries_nothing(tmp_path):
+    from zmqrl.run import surgery
+    from zmqrl.run.topology import load
+
+    from conftest import write_topology
+
+    run_dir = _run_dir(tmp_path)
+    (run_dir / "checkpoints" / "learner.pt").unlink()
+    new = load(write_topology(tmp_path, "seed.yaml", model={"hidden": [128, 128]}))
+    assert surgery.perform(run_dir, new) == ([], [])
+    assert surgery.surgeries(run_dir) == 0 and not list((run_dir / "checkpoints").iterdir())
+
+
 def test_surgery_drops_replay_items_it_cannot_carry_with_their_count(tmp_path):
     from zmqrl.run import surgery
     from zmqrl.run.topology import load

@@ -209,6 +209,9 @@ def _surgery_if_needed(run_dir: Path, topo: Any, inputs: list[int] | None) -> No
                 click.echo(f"  {line}")
     for fate in fates:
         click.echo(f"surgery: {fate}")
+    if not fates:
+        click.echo("surgery: the run holds no checkpoints, nothing to carry")
+        return
     click.echo(f"surgery: the old checkpoints are in {run_dir}/checkpoints/"
                f"{surgery.BACKUP_PREFIX}{surgery.surgeries(run_dir)}/ (docs/surgery.md)")
 

@@ -156,7 +156,10 @@ def perform(run_dir: Path, new: Topology, inputs: list[int] | None = None,
             logit_tolerance: float = 1e-4) -> tuple[list[Checked], list[str]]:
     """Carry ``run_dir``'s checkpoints into ``new`` (module docstring). Raises
     :class:`SurgeryError`, having touched nothing, if a checkpoint cannot be carried.
-    Returns the learners' reports and one line per other checkpoint's fate."""
+    Returns the learners' reports and one line per other checkpoint's fate (none for a
+    run that never checkpointed: there is nothing to carry, and it starts afresh)."""
+    if not existing_checkpoints(run_dir):
+        return [], []
     results = check(run_dir, new, inputs, logit_tolerance)
     refused = [c for c in results if c.refused]
     if refused:
