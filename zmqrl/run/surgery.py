@@ -37,7 +37,13 @@ from typing import Any
 import numpy as np
 
 from zmqrl import plugins
-from zmqrl.parts.checkpoint import NPZ, TORCH, checkpoint_dir, existing_checkpoints
+from zmqrl.parts.checkpoint import (
+    NPZ,
+    TORCH,
+    atomic_write,
+    checkpoint_dir,
+    existing_checkpoints,
+)
 from zmqrl.run.topology import Topology, load
 
 RECORD = "surgeries.json"  # in the run directory: one entry per surgery done
@@ -192,10 +198,7 @@ def perform(run_dir: Path, new: Topology, inputs: list[int] | None = None,
 
 
 def _write(fmt: Any, state: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(path.name + ".surgery.tmp")  # (never read as a checkpoint)
-    with open(tmp, "wb") as f:
-        fmt.dump(state, f)
-    tmp.replace(path)
+    atomic_write(path, lambda f: fmt.dump(state, f))
 
 
 def _record(run_dir: Path) -> list[dict[str, Any]]:
