@@ -2,6 +2,7 @@
 
     python benchmarks/surgery.py same-function [--seed 1] [--out DIR]
     python benchmarks/surgery.py new-observations [--seed 1] [--plateau-s 60] [--out DIR]
+                                                  [--topology topologies/ppo_lstm.yaml]
     python benchmarks/surgery.py plot DIR [DIR ...] [--png docs/surgery.png] [--titles ...]
 
 ``same-function``: ``seed.yaml`` on CartPole until the mean return of the last 100
@@ -11,11 +12,13 @@ the control: a restart of 64 envs sees its short episodes end first), each until
 or ``--budget`` seconds. Printed: the mean return of the last 20 and 100 episodes
 before the stop, of the first 20 and 100 after, and the updates and seconds to 475.
 
-``new-observations``: ``seed.yaml`` on masked CartPole (the velocities hidden, as
-``seed_r2d2.yaml``'s POMDP) for ``--plateau-s`` seconds, then resumed on full CartPole
-with the velocities as new input features (``--surgery-inputs 0,2``) until 475;
-against a fresh ``seed.yaml`` run on full CartPole from scratch, the same seed. Printed:
-the returns around the surgery, and the updates to 475 after it against from scratch.
+``new-observations``: ``--topology`` (default ``seed.yaml``: an MLP; a recurrent one,
+``ppo_lstm.yaml`` or ``seed_r2d2.yaml``, can remember what the mask hides) on masked
+CartPole (the velocities hidden, as ``seed_r2d2.yaml``'s POMDP) for ``--plateau-s``
+seconds, then resumed on full CartPole with the velocities as new input features
+(``--surgery-inputs 0,2``) until 475; against a fresh run of the same topology on full
+CartPole from scratch, the same seed. Printed: the returns around the surgery, and the
+updates to 475 after it against from scratch.
 
 ``plot``: return(20) against env steps of the runs in each DIR (a panel each), the
 surgery marked.
@@ -36,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "topologies" / "seed.yaml"
 MASKED = "env.id=zmqrl/CartPoleNoVelocity-v1"
+FULL = "env.id=CartPole-v1"
 
 
 def load() -> str:
@@ -78,6 +82,8 @@ def around(run_dir: Path, start: int) -> dict[str, float]:
     reached = next((r for r in after if float(r["return_mean_100"]) >= 475), None)
     out["updates_to_475"] = int(reached["updates"]) - updates0 if reached else float("nan")
     out["seconds_to_475"] = float(reached["time_s"]) - time0 if reached else float("nan")
+    out["env_steps_to_475"] = (int(reached["env_steps"]) - int(before[-1]["env_steps"])
+                               if reached else float("nan"))
     out["last_100"] = float(after[-1]["return_mean_100"])
     out["lowest_20"] = min((float(r["return_mean_20"]) for r in after
                             if r["return_mean_20"] not in ("", "nan")), default=float("nan"))
@@ -88,6 +94,7 @@ def show(name: str, f: dict[str, float]) -> None:
     print(f"{name}: return(20) {f['before_20']:.1f} before -> {f['after_20']:.1f} after "
           f"({f['after_20'] / f['before_20'] - 1:+.1%}); return(100) {f['before_100']:.1f} "
           f"-> {f['after_100']:.1f}; 475 after {f['updates_to_475']:.0f} updates, "
+          f"{f['env_steps_to_475']:,.0f} env steps, "
           f"{f['seconds_to_475']:.0f} s; at the end return(100) {f['last_100']:.1f}, "
           f"lowest return(20) {f['lowest_20']:.1f} ({load()})", flush=True)
 
@@ -117,27 +124,29 @@ def same_function(args: argparse.Namespace) -> None:
 
 def new_observations(args: argparse.Namespace) -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="zmqrl-surgery-"))
+    topology = str(Path(args.topology).resolve())
     masked = out / "masked"
     shutil.rmtree(masked, ignore_errors=True)
-    up(masked, str(SEED), "--max-seconds", str(args.plateau_s),
+    up(masked, topology, "--max-seconds", str(args.plateau_s),
        sets=(f"seed={args.seed}", MASKED))
     trained = rows(masked)
     print(f"masked: return(100) {float(trained[-1]['return_mean_100']):.1f} at "
           f"{int(trained[-1]['env_steps']):,} env steps, {trained[-1]['updates']} updates",
           flush=True)
     start = len(trained)
-    up(masked, str(SEED), "--resume", str(masked), "--surgery-inputs", "0,2",
+    up(masked, topology, "--resume", str(masked), "--surgery-inputs", "0,2",
        "--target-return", "475", "--max-seconds", str(args.budget),
-       sets=(f"seed={args.seed}",))
+       sets=(f"seed={args.seed}", FULL))
     show("masked -> full (surgery)", around(masked, start))
     fresh = out / "fresh"
     shutil.rmtree(fresh, ignore_errors=True)
-    up(fresh, str(SEED), "--target-return", "475", "--max-seconds", str(args.budget),
-       sets=(f"seed={args.seed}",))
+    up(fresh, topology, "--target-return", "475", "--max-seconds", str(args.budget),
+       sets=(f"seed={args.seed}", FULL))
     reached = next((r for r in rows(fresh) if float(r["return_mean_100"]) >= 475), None)
     print("fresh on full CartPole: " + (
-        f"475 after {reached['updates']} updates, {float(reached['time_s']):.0f} s"
-        if reached else f"no 475 in {args.budget:g} s") + f" ({load()})", flush=True)
+        f"475 after {reached['updates']} updates, {int(reached['env_steps']):,} env steps, "
+        f"{float(reached['time_s']):.0f} s" if reached else f"no 475 in {args.budget:g} s")
+        + f" ({load()})", flush=True)
 
 
 def plot(args: argparse.Namespace) -> None:
@@ -186,6 +195,8 @@ def main() -> None:
                        help="how long a resumed run goes on (no stop at 475: does it hold?)")
         if name == "new-observations":
             p.add_argument("--plateau-s", type=float, default=60.0)
+            p.add_argument("--topology", default=str(SEED),
+                           help="the topology masked, carried and run fresh")
     p = sub.add_parser("plot")
     p.add_argument("dirs", nargs="+", help="one panel each")
     p.add_argument("--png", default="docs/surgery.png")

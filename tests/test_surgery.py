@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.parts.actor_critic.models import ActorCritic
+from zmqrl.parts.actor_critic.models import ActorCritic, RecurrentActorCritic
 from zmqrl.parts.dqn.models import DuelingQNetwork
 from zmqrl.parts.envs import EnvSpec
 from zmqrl.parts.r2d2.models import RecurrentQNetwork
@@ -126,10 +126,74 @@ def test_what_cannot_be_carried_is_refused_naming_the_layer(make_new, says):
     assert all(torch.equal(before[k], v) for k, v in new.state_dict().items())  # untouched
 
 
+class Opaque(torch.nn.Module):
+    """A user's model that does not say how it may be carried."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, width)
+
+
 def test_a_model_that_declares_no_chains_is_refused_naming_it():
-    old = RecurrentQNetwork(spec(), hidden=(16,), lstm=16)
-    with pytest.raises(SurgeryRefused, match="RecurrentQNetwork does not say"):
-        carry(old, RecurrentQNetwork(spec(), hidden=(32,), lstm=16))
+    with pytest.raises(SurgeryRefused, match="Opaque does not say"):
+        carry(Opaque(16), Opaque(32))
+
+
+def sequence_outputs(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A recurrent model's outputs along x [T, B, F] from the initial state, an episode
+    starting at t = 0 and again at t = 3."""
+    first = torch.zeros(x.shape[:2], dtype=torch.bool)
+    first[0] = first[3] = True
+    with torch.no_grad():
+        out = model(x, first, model.initial_state(x.shape[1]))
+    return tuple(o for o in out[:-1])  # (the state after: not an output)
+
+
+@pytest.mark.parametrize("make", [
+    lambda o, h: RecurrentActorCritic(spec(obs=o), hidden=h, lstm=16),
+    lambda o, h: RecurrentQNetwork(spec(obs=o), hidden=h, lstm=16),
+], ids=["lstm_ac", "lstm_q"])
+def test_recurrent_models_take_new_observation_features(make):
+    """Masked CartPole -> full CartPole under an LSTM (seed_r2d2's and ppo_lstm's POMDP):
+    the torso's first layer gains the velocity columns at 0, the LSTM and heads are
+    copied, so the whole unroll — memory included — is the old one's."""
+    torch.manual_seed(0)
+    old = trained(make(2, (32,)))
+    new = make(4, (32,))
+    report = carry(old, new, inputs=[0, 2])
+    x = obs(n=6 * 8, width=4).reshape(6, 8, 4)
+    for a, b in zip(sequence_outputs(old, x[..., [0, 2]]), sequence_outputs(new, x),
+                    strict=True):
+        assert (a - b).abs().max() < TOL, (a - b).abs().max()
+    assert "inputs 2 -> 4" in report.transformed["torso.0.weight"]
+    assert "core.cell.weight_ih" in report.copied
+    flat = x.reshape(-1, 4)
+    assert max(check(old, new, flat, inputs=[0, 2]).values()) < TOL
+
+
+def test_a_recurrent_torso_grows_deeper_exactly_under_relu():
+    torch.manual_seed(0)
+    old = trained(RecurrentQNetwork(spec(), hidden=(16, 16), lstm=16))
+    new = RecurrentQNetwork(spec(), hidden=(16, 24, 16), lstm=16)
+    carry(old, new)
+    x = obs(n=40).reshape(5, 8, 4)
+    (a,), (b,) = sequence_outputs(old, x), sequence_outputs(new, x)
+    assert (a - b).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("make_new, says", [
+    (lambda: RecurrentQNetwork(spec(), hidden=(16,), lstm=32), "core.cell.weight_ih"),
+    (lambda: RecurrentQNetwork(spec(), hidden=(32,), lstm=16), "torso.0: features outputs"),
+])
+def test_what_a_recurrent_model_cannot_carry_is_refused_naming_it(make_new, says):
+    """The LSTM is carried as it is: a wider one, or a torso whose output (the LSTM's
+    input) grows, is refused naming the layer, with the new model untouched."""
+    old = trained(RecurrentQNetwork(spec(), hidden=(16,), lstm=16))
+    new = make_new()
+    before = {k: v.clone() for k, v in new.state_dict().items()}
+    with pytest.raises(SurgeryRefused, match=says):
+        carry(old, new)
+    assert all(torch.equal(before[k], v) for k, v in new.state_dict().items())
 
 
 # ----- zmqrl surgery RUN_DIR NEW.yaml --check ---------------------------------------------

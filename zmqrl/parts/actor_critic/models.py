@@ -355,6 +355,14 @@ class RecurrentActorCritic(LSTMActorCritic):
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         return self.torso(obs.reshape(obs.shape[0], -1).float())
 
+    def surgery_chains(self) -> list:
+        """How surgery carries trained parameters into a changed lstm_ac
+        (zmqrl.parts.surgery): the tanh torso, then the heads on the LSTM (kept as it is)."""
+        from zmqrl.parts.surgery.net2net import recurrent_chains
+
+        return recurrent_chains(self, {"policy": "logits" if self.discrete else "features",
+                                       "value": "value"}, "tanh")
+
 
 class ConvActorCritic(nn.Module):
     """Kinds ``nature_cnn``, ``impala_cnn``: a shared conv torso, a policy head (logits)

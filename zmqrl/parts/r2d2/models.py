@@ -71,6 +71,14 @@ class RecurrentQNetwork(LSTMQNetwork):
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         return self.torso(obs.reshape(obs.shape[0], -1).float())
 
+    def surgery_chains(self) -> list:
+        """How surgery carries trained parameters into a changed lstm_q
+        (zmqrl.parts.surgery): the ReLU torso, then the dueling heads on the LSTM (kept
+        as it is)."""
+        from zmqrl.parts.surgery.net2net import recurrent_chains
+
+        return recurrent_chains(self, {"value": "value", "advantage": "advantage"}, "relu")
+
 
 class ConvLSTMQNetwork(LSTMQNetwork):
     """Kinds ``nature_cnn_lstm_q``, ``impala_cnn_lstm_q``: R2D2's network on pixels,

@@ -53,11 +53,16 @@ class SurgeryRefused(ValueError):
 class Chain:
     """Linear layers applied one after another (module paths within the model), each but
     the last followed by ``activation``; the last one's outputs are ``output``: logits (a
-    new one: a new action), a value, a dueling advantage, or features (no new ones)."""
+    new one: a new action), a value, a dueling advantage, or features (no new ones).
+    ``reads``: ``"obs"``, or the name of what feeds the first layer otherwise (a
+    recurrent model's heads read its LSTM core: ``"core"``)."""
 
     layers: tuple[str, ...]
     output: str
     activation: str
+    # what the first layer reads: "obs" (new observation features become its new
+    # columns), or an inner output of the model (an LSTM's: its width must not change)
+    reads: str = "obs"
 
 
 @dataclass
@@ -130,17 +135,28 @@ def carry(old: nn.Module, new: nn.Module, inputs: Sequence[int] | None = None,
 def check(old: nn.Module, new: nn.Module, obs: torch.Tensor,
           inputs: Sequence[int] | None = None) -> dict[str, float]:
     """The largest absolute difference of each output the two models share, on ``obs``
-    (the new model's observations; the old model sees its columns of them)."""
+    (the new model's observations; the old model sees its columns of them). A chain
+    reading an inner output (a recurrent model's heads) is compared on random inputs of
+    that output's width, as many as ``obs``."""
+    reading = [c for c in chains_of(old) if c.reads == "obs"]
     if inputs is not None:
         old_obs = obs[..., list(inputs)]
-    else:  # the old features come first
-        old_obs = obs[..., :_linear(old, chains_of(old)[0].layers[0]).in_features]
+    elif reading:  # the old features come first
+        old_obs = obs[..., :_linear(old, reading[0].layers[0]).in_features]
     old_chains = {c.layers[-1]: c for c in chains_of(old)}
     diffs = {}
+    inner = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for chain in chains_of(new):
             old_chain = _match(chain, old_chains)
-            a, b = _chain_output(old, old_chain, old_obs), _chain_output(new, chain, obs)
+            if chain.reads == "obs":
+                x_old, x_new = old_obs, obs
+            else:  # an inner output (an LSTM's, in [-1, 1]): random values of its width
+                width = _linear(old, old_chain.layers[0]).in_features
+                x_old = torch.rand(len(obs), width, generator=inner) * 2 - 1
+                x_new = torch.zeros(len(obs), _linear(new, chain.layers[0]).in_features)
+                x_new[:, :width] = x_old
+            a, b = _chain_output(old, old_chain, x_old), _chain_output(new, chain, x_new)
             n = a.shape[-1]
             diffs[chain.output] = max(diffs.get(chain.output, 0.0),
                                       float((a - b[..., :n]).abs().max()))
@@ -198,7 +214,8 @@ def _carry_chain(old: nn.Module, new: nn.Module, old_chain: Chain, chain: Chain,
     inserted = len(new_layers) - len(old_layers)
     # new layer i's source: the old layer it carries, or None (an inserted identity)
     sources: list[int | None] = list(range(hidden_old)) + [None] * inserted + [hidden_old]
-    columns = list(inputs) if inputs is not None else None  # new column of each old input
+    # new column of each old input (a chain reading an inner output keeps its columns)
+    columns = list(inputs) if inputs is not None and chain.reads == "obs" else None
     scale = 1.0  # the carried columns' factor (1 / eps after a tanh identity)
     for i, (name, layer) in enumerate(zip(chain.layers, new_layers, strict=True)):
         src = sources[i]
@@ -344,3 +361,17 @@ def mlp_chains(model: nn.Module, heads: dict[str, str], activation: str) -> list
                            if isinstance(m, nn.Linear)) + (head,)
         chains.append(Chain(layers, output, activation))
     return chains
+
+
+def recurrent_chains(model: nn.Module, heads: dict[str, str], activation: str
+                     ) -> list[Chain]:
+    """Chains of a recurrent model: an MLP ``torso`` (a Sequential) feeding an LSTM
+    ``core``, whose output feeds each Linear head of ``heads`` (name -> output kind).
+    The torso is a chain of ``features`` (new observation features, deeper or wider
+    inner layers; its output width is the LSTM's input and stays); each head reads the
+    core. The LSTM itself is carried as it is, so its width cannot change."""
+    torso = model.get_submodule("torso")
+    layers = tuple(f"torso.{i}" for i, m in enumerate(torso) if isinstance(m, nn.Linear))
+    chains = [Chain(layers, "features", activation)] if layers else []
+    return chains + [Chain((head,), output, activation, reads="core")
+                     for head, output in heads.items()]
