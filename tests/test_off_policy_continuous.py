@@ -182,6 +182,34 @@ def test_gaussian_noise_has_the_actors_own_scale_and_stays_in_bounds():
     assert np.allclose(action, mean)
 
 
+@pytest.mark.parametrize("name, make", [("gaussian_noise", DeterministicActorTwinQ),
+                                        ("squashed_gaussian", GaussianActorTwinQ)])
+def test_the_first_random_steps_are_uniform_over_the_bounds_then_the_policy(name, make):
+    """TD3's start_timesteps: 4 envs, random_steps 2000 -> 500 uniform vectors of
+    actions, whatever the policy says, then the policy's own (noise 0: exactly)."""
+    model = make(PENDULUM, hidden=[32])
+    b = acting(name, model, 4, args={"noise": 0.0 if name == "gaussian_noise" else 1e-6,
+                                     "random_steps": 2000})
+    obs = np.zeros((4, 3), np.float32)
+    drawn = []
+    for version in range(500):
+        b.observe(obs)
+        [action] = act_batched(model, [b], version=version)
+        drawn.append(action)
+    drawn = np.concatenate(drawn)
+    # U(-2, 2): mean 0, std 4 / sqrt(12) = 1.155; the policy's own are one value
+    assert abs(drawn.mean()) < 0.1 and abs(drawn.std() - 1.155) < 0.05
+    assert drawn.min() >= -2 and drawn.max() <= 2 and drawn.min() < -1.9 < 1.9 < drawn.max()
+    b.observe(obs)
+    [after] = act_batched(model, [b], version=500)
+    with torch.no_grad():
+        own = float(model.act(torch.zeros(1, 3))[0, 0]) if name == "gaussian_noise" else \
+            float(2 * torch.tanh(model.mean_log_std(torch.zeros(1, 3))[0])[0, 0])
+    assert np.allclose(after, own, atol=1e-3)
+    with pytest.raises(ValueError, match="random_steps"):
+        acting(name, model, 4, args={"random_steps": 2.5})
+
+
 def test_behaviours_ship_n_step_transitions_with_priorities_from_the_acting_critics():
     for name, model in (("gaussian_noise", DeterministicActorTwinQ(PENDULUM, hidden=[32])),
                         ("squashed_gaussian", GaussianActorTwinQ(PENDULUM, hidden=[32]))):

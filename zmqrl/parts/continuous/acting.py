@@ -10,6 +10,12 @@ whose initial priorities come from the acting network's own critics, as Ape-X's 
   tanh-squashed Gaussian the policy outputs; behaviour argument ``noise`` (if given)
   scales its standard deviation (1: SAC's own policy).
 
+Both take the behaviour argument ``random_steps`` (default 0): the first that many
+actions of each behaviour (an actor's envs together) are drawn uniformly within the
+bounds instead — TD3's ``start_timesteps``, SB3's ``learning_starts``: the replay first
+holds the whole action space rather than one initial policy's neighbourhood. Counted
+per behaviour from its start, so a resumed run's actors draw them again.
+
 Each acts in a local actor (one connection) and in the inference broker (every
 connection in one forward pass); a remote actor's arguments arrive in its step
 header's ``args``. Sampling happens here, in numpy, from the behaviour's own stream:
@@ -40,12 +46,24 @@ class _BoxBehaviour(NStepTransitionBehaviour):
         self.low, self.high = low.astype(np.float32), high.astype(np.float32)
         self.half = (self.high - self.low) / 2
         self.noise = float(setup.args.get("noise", self.default_noise))
+        self.random_steps = _count(setup.args.get("random_steps", 0))
+        self.uniform_acted = 0  # env steps acted (each of the n envs' actions counts)
 
     def observe(self, obs: np.ndarray, fields: dict | None = None) -> None:
         args = (fields or {}).get("args") or {}
         if "noise" in args:  # a remote actor's own (zmqrl.parts.acting.envs.behaviour_args)
             self.noise = float(args["noise"])
+        if "random_steps" in args:
+            self.random_steps = _count(args["random_steps"])
         super().observe(obs, fields)
+
+    def _uniform(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        """Uniform actions within the bounds while the first ``random_steps`` last."""
+        if self.uniform_acted >= self.random_steps:
+            return None
+        self.uniform_acted += self.n
+        return self.rng.uniform(self.low, self.high, (self.n, *self.low.shape)
+                                ).astype(np.float32).reshape(shape)
 
     def inputs(self) -> dict[str, np.ndarray]:
         return {"obs": self.obs}
@@ -69,6 +87,9 @@ class GaussianNoiseBehaviour(_BoxBehaviour):
 
     def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
         action = outputs["action"]
+        uniform = self._uniform(action.shape)
+        if uniform is not None:
+            return self._act(uniform, version)
         if self.noise > 0:
             action = action + self.rng.standard_normal(action.shape, np.float32) * \
                 (self.noise * self.half)
@@ -87,9 +108,19 @@ class SquashedGaussianBehaviour(_BoxBehaviour):
 
     def record(self, outputs: dict[str, np.ndarray], version: int) -> np.ndarray:
         mean, std = outputs["mean"], np.exp(outputs["log_std"]) * self.noise
+        uniform = self._uniform((self.n, *self.spec.action_shape))
+        if uniform is not None:
+            return self._act(uniform, version)
         u = mean + std * self.rng.standard_normal(mean.shape, np.float32)
         unit = np.tanh(u).reshape(self.n, *self.spec.action_shape)
         return self._act(self.low + (unit + 1) * self.half, version)
 
     def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
         return sac.initial_priorities(self.model, items)
+
+
+def _count(value: float) -> int:
+    """``random_steps`` as a count (behaviour arguments arrive as floats)."""
+    if value < 0 or value != int(value):
+        raise ValueError(f"behaviour_args.random_steps: {value!r} is not a count of steps")
+    return int(value)
