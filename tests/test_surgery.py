@@ -405,6 +405,53 @@ def test_surgery_carries_a_replays_items_into_the_new_observations(tmp_path):
     assert surgery.surgeries(run_dir) == 1
 
 
+def test_surgery_carries_a_recurrent_run_and_its_stored_sequences(tmp_path):
+    """seed_r2d2.yaml's POMDP lifted: a masked-CartPole R2D2 run resumed on full
+    CartPole. The LSTM Q-network is carried (its unrolls unchanged, checked on the
+    replay's own observations), and every stored sequence [T+1] of observations gains
+    the velocity columns at 0, its LSTM states and actions as they were."""
+    from zmqrl.parts.algos import make_algo
+    from zmqrl.parts.envs import env_spec
+    from zmqrl.parts.models import build_model
+    from zmqrl.run import surgery
+    from zmqrl.run.topology import load
+
+    from conftest import write_topology
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    old_path = write_topology(tmp_path, "r2d2.yaml")  # its env: masked CartPole
+    (run_dir / "topology.yaml").write_text(old_path.read_text())
+    old = load(old_path)
+    assert env_spec(old.env).obs_shape == (2,)
+    model = trained(build_model(old.model, env_spec(old.env), old.seed, algo=old.algo_config))
+    algo = make_algo(old.algo_config, model)
+    torch.save({"model": model.state_dict(), "algo": algo.state_dict(), "updates": 7,
+                "env_steps": 500, "episodes": 12}, run_dir / "checkpoints" / "learner.pt")
+    rng = np.random.default_rng(0)
+    items = {"obs": rng.normal(size=(8, 21, 2)).astype(np.float32),
+             "action": rng.integers(0, 2, (8, 20)),
+             "state_h": rng.normal(size=(8, 64)).astype(np.float32)}
+    _npz_replay(run_dir, items)
+    new = load(write_topology(tmp_path, "r2d2.yaml", env={"id": "CartPole-v1"}))
+    results, fates = surgery.perform(run_dir, new, inputs=[0, 2])
+    assert "replay.replay.npz: 8 items carried (observations (2,) -> (4,), the new " \
+           "features 0)" in fates
+    carried = np.load(run_dir / "checkpoints" / "replay.replay.npz")
+    grown = carried["items/obs"]
+    assert grown.shape == (8, 21, 4) and not grown[..., [1, 3]].any()
+    np.testing.assert_array_equal(grown[..., [0, 2]], items["obs"])
+    np.testing.assert_array_equal(carried["items/state_h"], items["state_h"])
+    assert max(results[0].differences.values()) < TOL
+    state = torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)
+    assert state["updates"] == 7
+    new_model = build_model(new.model, env_spec(new.env), new.seed, algo=new.algo_config)
+    new_model.load_state_dict(state["model"])
+    x = torch.as_tensor(grown[:, :20]).transpose(0, 1)  # [T, B, 4]
+    (a,), (b,) = sequence_outputs(model, x[..., [0, 2]]), sequence_outputs(new_model, x)
+    assert (a - b).abs().max() < TOL
+
+
 def test_surgery_on_a_run_that_never_checkpointed_carries_nothing(tmp_path):
     from zmqrl.run import surgery
     from zmqrl.run.topology import load
