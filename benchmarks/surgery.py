@@ -85,8 +85,10 @@ def around(run_dir: Path, start: int) -> dict[str, float]:
     out["env_steps_to_475"] = (int(reached["env_steps"]) - int(before[-1]["env_steps"])
                                if reached else float("nan"))
     out["last_100"] = float(after[-1]["return_mean_100"])
+    # (from 20 episodes after the resume on: the first to end after a restart of all the
+    # envs are the shortest of their batch, a sample of one to a few)
     out["lowest_20"] = min((float(r["return_mean_20"]) for r in after
-                            if r["return_mean_20"] not in ("", "nan")), default=float("nan"))
+                            if int(r["episodes"]) - episodes0 >= 20), default=float("nan"))
     return out
 
 
@@ -160,18 +162,32 @@ def plot(args: argparse.Namespace) -> None:
     for i, (axes, (directory, title)) in enumerate(zip(
             panels[0], zip(args.dirs, args.titles or args.dirs, strict=False), strict=False)):
         align = i in (args.align or [])
-        for run_dir in sorted(p for p in Path(directory).iterdir()
-                              if (p / "metrics" / "run.csv").exists()):
+        runs = sorted(p for p in Path(directory).iterdir()
+                      if (p / "metrics" / "run.csv").exists())
+        # runs named alike before their first "-" (seed1-...) share a colour; a run
+        # without a surgery (a fresh one) is dashed
+        groups = sorted({run.name.split("-")[0] for run in runs})
+        marked = set()
+        for run_dir in runs:
             data = rows(run_dir)
-            cut = next((int(r["env_steps"]) for r in data if r.get("surgery")), None)
+            at = next((j for j, r in enumerate(data) if r.get("surgery")), None)
+            cut = int(data[at]["env_steps"]) if at is not None else None
+            if at is not None:  # the first episodes to end after the restart are its
+                # shortest (a sample of one to a few): drawn from 20 episodes on
+                episodes0 = int(data[at - 1]["episodes"]) if at else 0
+                data = data[:at] + [r for r in data[at:]
+                                    if int(r["episodes"]) - episodes0 >= 20]
             x0 = cut if align and cut is not None else 0
             kept = [r for r in data if int(r["env_steps"]) >= x0]
             axes.plot([int(r["env_steps"]) - x0 for r in kept],
-                      [float(r["return_mean_20"]) for r in kept], label=run_dir.name, lw=1.2)
-            if cut is not None:
-                axes.axvline(cut - x0, color="k", ls="--", lw=0.8)
-                axes.annotate(f"surgery ({run_dir.name})", (cut - x0, 30), rotation=90,
-                              fontsize=7)
+                      [float(r["return_mean_20"]) for r in kept], label=run_dir.name,
+                      lw=1.2, ls="-" if cut is not None else "--",
+                      color=f"C{groups.index(run_dir.name.split('-')[0])}")
+            if cut is not None and cut - x0 not in marked:
+                marked.add(cut - x0)
+                axes.axvline(cut - x0, color="k", ls=":", lw=0.8)
+                if len(marked) == 1:  # one label a panel
+                    axes.annotate("surgery", (cut - x0, 30), rotation=90, fontsize=7)
         axes.set_xlabel("env steps since the surgery (a fresh run: since its start)"
                         if align else "env steps")
         axes.set_ylabel("mean return, last 20 episodes")
