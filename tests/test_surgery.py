@@ -166,6 +166,7 @@ def test_recurrent_models_take_new_observation_features(make):
                     strict=True):
         assert (a - b).abs().max() < TOL, (a - b).abs().max()
     assert "inputs 2 -> 4" in report.transformed["torso.0.weight"]
+    assert "torso.0.bias" in report.copied  # new columns: the bias as it was
     assert "core.cell.weight_ih" in report.copied
     flat = x.reshape(-1, 4)
     assert max(check(old, new, flat, inputs=[0, 2]).values()) < TOL

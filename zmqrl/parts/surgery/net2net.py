@@ -306,11 +306,14 @@ def _plan(plan: dict[str, torch.Tensor], report: Report, done: set[str], name: s
         return
     done.add(name)
     plan[f"{name}.weight"], plan[f"{name}.bias"] = weight, bias
-    for key in (f"{name}.weight", f"{name}.bias"):
-        if how == "copied":
+    # what touches only the weight's columns (new inputs, a scale) leaves the bias as it was
+    bias_how = "; ".join(part for part in how.split("; ")
+                         if not part.startswith(("inputs ", "carried columns"))) or "copied"
+    for key, what in ((f"{name}.weight", how), (f"{name}.bias", bias_how)):
+        if what == "copied":
             report.copied.append(key)
         else:
-            report.transformed[key] = how
+            report.transformed[key] = what
 
 
 def _buffer_plan(old: nn.Module, new: nn.Module, report: Report) -> dict[str, torch.Tensor]:
