@@ -348,8 +348,9 @@ def minatar_steps(args: argparse.Namespace) -> None:
         for name in ("muzero_minatar", "seed_minatar"):
             with tempfile.TemporaryDirectory(prefix="zmqrl-mz-") as tmp:
                 run_dir = Path(tmp) / "run"
+                own = args.muzero_set if name == "muzero_minatar" else []
                 wall = zmqrl_up(REPO / "topologies" / f"{name}.yaml", run_dir, "--max-steps",
-                                str(args.steps), sets=[f"seed={seed}", *args.set])
+                                str(args.steps), sets=[f"seed={seed}", *args.set, *own])
                 last = run_rows(run_dir)[-1]
                 print(f"seed {seed} {name}: return(100) {last[3]:.2f} at {last[1]:,.0f} env "
                       f"steps, {wall:.0f} s ({load()})", flush=True)
@@ -390,7 +391,9 @@ def main() -> None:
     p = sub.add_parser("minatar-steps")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=100_000)
-    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--set", action="append", default=[], help="for both topologies")
+    p.add_argument("--muzero-set", action="append", default=[],
+                   help="for muzero_minatar.yaml only")
     args = parser.parse_args()
     {"throughput": throughput, "cartpole": cartpole, "steps": steps, "minatar": minatar,
      "reanalyse": reanalyse, "versus": versus,
