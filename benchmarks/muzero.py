@@ -51,6 +51,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -223,8 +224,7 @@ def cartpole(args: argparse.Namespace) -> None:
                                       f"return(20) {last[2]:.1f}")
                   + f" ({load()})", flush=True)
             if args.keep:
-                dest = Path(args.keep) / f"muzero-seed{seed}"
-                subprocess.run(["cp", "-r", str(run_dir), str(dest)], check=True)
+                keep_run(run_dir, Path(args.keep) / f"muzero-seed{seed}")
 
 
 def steps(args: argparse.Namespace) -> None:
@@ -298,6 +298,12 @@ def reanalyse(args: argparse.Namespace) -> None:
                       flush=True)
 
 
+def keep_run(run_dir: Path, dest: Path) -> None:
+    """A copy of a finished run for ``zmqrl plot`` (its sockets and locks left out)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns("ipc", "locks"))
+
+
 def _to_target(topology: Path, seed: int, args: argparse.Namespace, sets: list[str],
                keep: str) -> tuple[float | None, float | None, float, float]:
     """(seconds, env steps) at which return(100) first reached the target (None: not
@@ -308,8 +314,7 @@ def _to_target(topology: Path, seed: int, args: argparse.Namespace, sets: list[s
                  str(args.target), sets=[f"seed={seed}", *sets])
         run = run_rows(run_dir)
         if args.keep:
-            subprocess.run(["cp", "-r", str(run_dir), str(Path(args.keep) / keep)],
-                           check=True)
+            keep_run(run_dir, Path(args.keep) / keep)
     reached = next((r for r in run if r[3] >= args.target), None)
     last = run[-1]
     return (reached[0] if reached else None, reached[1] if reached else None, last[3],
