@@ -143,6 +143,8 @@ def check(old: nn.Module, new: nn.Module, obs: torch.Tensor,
         old_obs = obs[..., list(inputs)]
     elif reading:  # the old features come first
         old_obs = obs[..., :_linear(old, reading[0].layers[0]).in_features]
+    else:  # no chain reads the observation (an LSTM reading it directly): none compared
+        old_obs = obs
     old_chains = {c.layers[-1]: c for c in chains_of(old)}
     diffs = {}
     inner = torch.Generator().manual_seed(0)
