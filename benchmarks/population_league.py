@@ -15,8 +15,9 @@ latest policy, each learner playing only itself and its own snapshots, the same 
 in all (16 per run), and no league (the population's arm runs no evaluation either).
 
 ``compare``: after the training (so that playing takes no CPU from it): the population's
-best member (by the league's last ratings) and the best independent run (by a round
-robin of the four, ``--round-robin-games`` a pair) play ``--games`` games head to head,
+best member and the best independent run, each picked by a round robin among its own
+arm's four (``--round-robin-games`` a pair; ``--pick rating`` picks the population's by
+the league's last ratings instead, as before 2026-12-06), play ``--games`` games head to head,
 half in each seat, each policy sampling its moves as it does in training; then each
 plays ``--games`` games against OpenSpiel's MCTS bot with ``--bot-simulations``
 random-rollout simulations a move. Prints the records and writes ``compare.json``.
@@ -161,6 +162,17 @@ def _record_text(record: tuple[float, float, float]) -> str:
             f"{_score(record):.3f}, 95 % [{low:.3f}, {high:.3f}])")
 
 
+def _round_robin(game: Any, players: list[tuple[Any, int]], games: int) -> dict[str, float]:
+    """Each player's summed score over ``games`` games against every other."""
+    scores = {p.name: 0.0 for p, _ in players}
+    for i, (a, _) in enumerate(players):
+        for b, _ in players[i + 1:]:
+            record = _play(game, a, b, games)
+            scores[a.name] += _score(record)
+            scores[b.name] += 1.0 - _score(record)
+    return scores
+
+
 def compare(args: argparse.Namespace) -> None:
     import torch
 
@@ -176,29 +188,34 @@ def compare(args: argparse.Namespace) -> None:
         raise SystemExit(f"{out}/population/league/ratings.jsonl is empty: the run rated "
                          "no game (see population.log)")
     ratings = json.loads(history[-1])["ratings"]
-    best_member = max((k for k in ratings if k.startswith("m") and "@" not in k),
-                      key=lambda k: ratings[k])
-    pop_model, pop_updates = _model(out / "population", f"learner_{best_member}")
-    population = PolicyPlayer(f"population_{best_member}", pop_model)
+    members = sorted(k for k in ratings if k.startswith("m") and "@" not in k)
+    population_players = []
+    for m in members:
+        model, updates = _model(out / "population", f"learner_{m}")
+        population_players.append((PolicyPlayer(f"population_{m}", model), updates))
     independents = []
     for run_dir in sorted(out.glob("independent_*")):
         if run_dir.is_dir():
             model, updates = _model(run_dir, "learner")
             independents.append((PolicyPlayer(run_dir.name, model), updates))
-    scores = {p.name: 0.0 for p, _ in independents}
-    for i, (a, _) in enumerate(independents):
-        for b, _ in independents[i + 1:]:
-            record = _play(game, a, b, args.round_robin_games)
-            scores[a.name] += _score(record)
-            scores[b.name] += 1.0 - _score(record)
+    # Each arm's best is picked the same way: a round robin among its own four. (The
+    # league's last rating is a noisy pick: members' ratings lie within ~50 points and
+    # one history line moved one by 80.)
+    if args.pick == "rating":
+        pop_scores = {f"population_{m}": ratings[m] for m in members}
+    else:
+        pop_scores = _round_robin(game, population_players, args.round_robin_games)
+    population, pop_updates = max(population_players, key=lambda pu: pop_scores[pu[0].name])
+    best_member = population.name.removeprefix("population_")
+    scores = _round_robin(game, independents, args.round_robin_games)
     best, best_updates = max(independents, key=lambda pu: scores[pu[0].name])
     report: dict[str, Any] = {
         "population_best": best_member, "population_updates": pop_updates,
+        "population_pick": args.pick, "population_scores": pop_scores,
         "population_ratings": {k: v for k, v in ratings.items() if "@" not in k},
         "independent_round_robin": scores, "independent_best": best.name,
         "independent_updates": best_updates,
-        "updates_all": {"population": {m: _model(out / "population", f"learner_{m}")[1]
-                                       for m in ratings if "@" not in m},
+        "updates_all": {"population": {p.name: u for p, u in population_players},
                         "independent": {p.name: u for p, u in independents}}}
     record = _play(game, population, best, args.games)
     report["head_to_head"] = dict(zip(("wins", "draws", "losses"), record, strict=True))
@@ -257,6 +274,9 @@ def main() -> None:
     p.add_argument("dir")
     p.add_argument("--games", type=int, default=400)
     p.add_argument("--round-robin-games", type=int, default=40)
+    p.add_argument("--pick", choices=("round-robin", "rating"), default="round-robin",
+                   help="how the population's best member is picked (the independent "
+                        "arm's always by round robin)")
     p.add_argument("--bot-simulations", type=int, default=100)
     p.set_defaults(fn=compare)
     p = sub.add_parser("plot")
