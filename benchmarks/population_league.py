@@ -3,7 +3,8 @@ topologies/population_league.yaml.
 
     python benchmarks/population_league.py run --seconds 900 --out DIR [--seed S]
     python benchmarks/population_league.py compare DIR [--games 400] [--bot-simulations 100]
-    python benchmarks/population_league.py plot DIR [--png docs/population_league_ratings.png]
+    python benchmarks/population_league.py plot DIR [DIR ...] [--png PNG]
+    python benchmarks/population_league.py summary DIR [DIR ...]
 
 ``run``: two arms of equal wall time on this machine, one after the other.
 (1) ``zmqrl up topologies/population_league.yaml`` (four members that play each other,
@@ -22,8 +23,10 @@ half in each seat, each policy sampling its moves as it does in training; then e
 plays ``--games`` games against OpenSpiel's MCTS bot with ``--bot-simulations``
 random-rollout simulations a move. Prints the records and writes ``compare.json``.
 
-``plot``: the population members' Elo over time (the league's ``league/ratings.jsonl``)
-as a PNG.
+``plot``: per run directory, the population members' Elo over time (the league's
+``league/ratings.jsonl``, PBT's exploits dotted) and their hyperparameters over time (the
+learners' ``hp_`` columns), as a PNG. ``summary``: the ``compare.json`` of each directory
+as a Markdown table.
 
 Every result line says the machine's load average: on a shared machine that is what
 makes figures comparable.
@@ -232,33 +235,77 @@ def compare(args: argparse.Namespace) -> None:
     (out / "compare.json").write_text(json.dumps(report, indent=1))
 
 
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
 def plot(args: argparse.Namespace) -> None:
+    """Per run directory (a column): the members' Elo over time with PBT's exploits
+    dotted, and below it each member's hyperparameters over time (log scale)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(args.dir)
-    rows = [json.loads(line) for line in
-            (out / "population" / "league" / "ratings.jsonl").read_text().splitlines()]
-    t0 = rows[0]["time"]
-    members = sorted({k for r in rows for k in r["ratings"]})
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for m in members:
-        pts = [((r["time"] - t0) / 60, r["ratings"][m]) for r in rows if m in r["ratings"]]
-        ax.plot(*zip(*pts, strict=True), label=m)
-    lineage = out / "population" / "pbt" / "lineage.jsonl"
-    if lineage.exists():
-        for line in lineage.read_text().splitlines():
-            row = json.loads(line)
-            ax.axvline((row["time"] - t0) / 60, color="grey", lw=0.5, ls=":")
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("Elo (league, per game)")
-    ax.set_title("population_league.yaml: members' ratings (dotted: PBT exploits)")
-    ax.legend()
+    outs = [Path(d) for d in args.dirs]
+    learners = {out: sorted((out / "population" / "metrics").glob("learner_m*.csv"))
+                for out in outs}
+    hypers = sorted({k for paths in learners.values() for path in paths
+                     for k in (_csv_rows(path)[:1] or [{}])[0] if k.startswith("hp_")})
+    fig, axes = plt.subplots(1 + len(hypers), len(outs), squeeze=False,
+                             figsize=(5.5 * len(outs), 3.4 * (1 + len(hypers))))
+    for col, out in enumerate(outs):
+        rows = [json.loads(line) for line in
+                (out / "population" / "league" / "ratings.jsonl").read_text().splitlines()]
+        t0 = rows[0]["time"]
+        ax = axes[0][col]
+        for i, m in enumerate(sorted({k for r in rows for k in r["ratings"]})):
+            pts = [((r["time"] - t0) / 60, r["ratings"][m]) for r in rows if m in r["ratings"]]
+            ax.plot(*zip(*pts, strict=True), color=f"C{i}", label=m)
+        lineage = out / "population" / "pbt" / "lineage.jsonl"
+        if lineage.exists():
+            for line in lineage.read_text().splitlines():
+                ax.axvline((json.loads(line)["time"] - t0) / 60, color="grey", lw=0.5, ls=":")
+        ax.set_xlabel("minutes")
+        ax.set_ylabel("Elo (league, per game)")
+        ax.set_title(f"{out.name}: members' ratings (dotted: PBT exploits)", fontsize=9)
+        if col == 0:
+            ax.legend(fontsize=7)
+        for row, key in enumerate(hypers, start=1):
+            ax = axes[row][col]
+            for i, path in enumerate(learners[out]):
+                pts = [(float(r["time_s"]) / 60, float(r[key])) for r in _csv_rows(path)
+                       if r.get(key) not in (None, "")]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), color=f"C{i}", lw=1.2,
+                            label=path.stem.removeprefix("learner_"))
+            ax.set_yscale("log")
+            ax.set_xlabel("minutes (the learner's clock)")
+            ax.set_title(f"{out.name}: members' {key.removeprefix('hp_')}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(args.png, dpi=110)
+    fig.savefig(args.png, dpi=90)
     print(f"wrote {args.png}")
+
+
+def summary(args: argparse.Namespace) -> None:
+    """One table row per run directory's ``compare.json``: what BENCHMARKS.md records."""
+    print("| run | population best | independent best | head to head (W D L) | score "
+          "[95 %] | population vs MCTS | independent vs MCTS |")
+    print("|---|---|---|---|---|---|---|")
+    for d in args.dirs:
+        report = json.loads((Path(d) / "compare.json").read_text())
+        h2h = report["head_to_head"]
+        record = (h2h["wins"], h2h["draws"], h2h["losses"])
+        low, high = _interval(record)
+        mcts = [report[k] for k in report if k.startswith("vs_mcts_")]
+        texts = [f"{_score((r['wins'], r['draws'], r['losses'])):.3f} "
+                 f"({r['wins']:.0f}/{r['draws']:.0f}/{r['losses']:.0f})" for r in mcts]
+        print(f"| {Path(d).name} | {report['population_best']} | {report['independent_best']}"
+              f" | {record[0]:.0f} / {record[1]:.0f} / {record[2]:.0f} | "
+              f"{_score(record):.3f} [{low:.3f}, {high:.3f}] | {' | '.join(texts)} |")
 
 
 def main() -> None:
@@ -280,9 +327,12 @@ def main() -> None:
     p.add_argument("--bot-simulations", type=int, default=100)
     p.set_defaults(fn=compare)
     p = sub.add_parser("plot")
-    p.add_argument("dir")
+    p.add_argument("dirs", nargs="+", metavar="DIR")
     p.add_argument("--png", default=str(REPO / "docs" / "population_league_ratings.png"))
     p.set_defaults(fn=plot)
+    p = sub.add_parser("summary")
+    p.add_argument("dirs", nargs="+", metavar="DIR")
+    p.set_defaults(fn=summary)
     args = parser.parse_args()
     args.fn(args)
 
