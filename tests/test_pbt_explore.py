@@ -106,6 +106,41 @@ def test_a_recipient_takes_its_donors_rating():
     assert pop.members[0].rating == 1200.0
 
 
+def test_a_donor_must_be_clearly_stronger_when_a_win_probability_is_set():
+    """min_donor_win_probability: the bottom member copies the top one only when the
+    top one's expected score against it, by their ratings, reaches the threshold."""
+    def rated(ratings: list[float]) -> dict[int, Member]:
+        return {i: Member(steps=100, rating=r, hyperparameters={"lr": 1e-4},
+                          checkpointed=True) for i, r in enumerate(ratings)}
+
+    settings = _settings(size=4, rank_by="rating", min_donor_win_probability=0.7)
+    rng = random.Random(0)
+    # 50 points apart: 0.57 expected, under 0.7: no exploit (without the rule, one)
+    close = rated([1000.0, 1020.0, 1030.0, 1050.0])
+    assert decide(0, close, settings, rng) is None
+    assert decide(0, close, _settings(size=4, rank_by="rating"), rng).donor == 3
+    # 150 points apart: 0.70: the bottom copies the top; the top never copies
+    far = rated([1000.0, 1020.0, 1030.0, 1150.0])
+    assert decide(0, far, settings, rng).donor == 3
+    assert decide(3, far, settings, rng) is None
+    unrated = {**far, 0: Member(steps=100, hyperparameters={"lr": 1e-4}, checkpointed=True)}
+    assert decide(0, unrated, settings, rng) is None
+
+
+@pytest.mark.parametrize("section, says", [
+    ({"rank_by": "mean_return", "min_donor_win_probability": 0.7}, "needs rank_by: rating"),
+    ({"rank_by": "rating", "min_donor_win_probability": 1.0}, "min_donor_win_probability"),
+    ({"rank_by": "rating", "min_donor_win_probability": 0.4}, "min_donor_win_probability"),
+])
+def test_a_bad_win_probability_is_refused_naming_it(section, says):
+    from zmqrl.run import population
+
+    raw = {"population": {"size": 2, "hyperparameters": {"lr": LR}, **section},
+           "algo": ALGO, "nodes": {}}
+    with pytest.raises(ValueError, match=says):
+        population.expand(raw)
+
+
 def test_the_league_is_told_of_every_exploit(processes, tmp_path, client_factory):
     """A real controller with a ``league`` link: when member 0 has loaded member 3's
     state, an ``exploited`` message reaches the league's ``games`` port."""

@@ -14,7 +14,8 @@ member's links to shared nodes stay as written. Nodes therefore see plain nodes;
 ``decide`` is PBT's exploit/explore step (Jaderberg et al. 2017) as a pure function:
 truncation selection (a member in the bottom fraction copies one of the top fraction,
 among the members that have a checkpoint), then perturbation (x0.8 / x1.2) or, with
-``resample_probability``, a fresh draw. A perturbed value stays within bounds: its
+``resample_probability``, a fresh draw; ranked by rating, a donor may have to be
+clearly stronger (``min_donor_win_probability``). A perturbed value stays within bounds: its
 distribution's (``uniform``/``loguniform`` clipped to their interval, a ``choice`` steps to
 the neighbouring choice), an int at least 1 that moves by at least one when the factor
 says so, and the algorithm field's declared range (:mod:`zmqrl.parts.bounds`); the
@@ -37,6 +38,7 @@ from typing import Any
 import jsonschema
 
 from zmqrl.parts import algo_config, bounds
+from zmqrl.parts.selfplay.elo import expected_score
 
 CONTROLLER = "pbt"  # the controller node's name in an expanded topology
 _NUMBER = {"type": "number"}
@@ -70,6 +72,12 @@ SCHEMA: dict[str, Any] = {
         # or their rating (published by a league on the controller's `ratings` link:
         # self-play, where a return says nothing of strength)
         "rank_by": {"enum": ["mean_return", "rating"]},
+        # rank_by: rating only: a bottom member copies a top one only when the top one's
+        # expected score against it, by their ratings, is at least this (the Capture the
+        # Flag population's exploit rule used 0.7); members rated alike keep their own
+        # weights, so that a population of near-equals is not reshuffled by rating noise
+        "min_donor_win_probability": {"type": "number", "minimum": 0.5,
+                                      "exclusiveMaximum": 1},
     },
 }
 
@@ -89,6 +97,7 @@ class Settings:
     resample_probability: float = 0.25
     shared: tuple[str, ...] = ()
     rank_by: str = "mean_return"
+    min_donor_win_probability: float | None = None
     # The topology's algo section the members start from: whose fields the
     # hyperparameters are, and whose ranges bound them. None: not known (no field checks).
     algo: Mapping[str, Any] | None = None
@@ -120,6 +129,10 @@ class Settings:
         fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
         hints = typing.get_type_hints(cls) if cls else {}
         found = []
+        if self.min_donor_win_probability is not None and self.rank_by != "rating":
+            found.append(f"min_donor_win_probability: {self.min_donor_win_probability} "
+                         "compares ratings: it needs rank_by: rating (here "
+                         f"{self.rank_by!r})")
         for name, distribution in sorted(self.hyperparameters.items()):
             where = f"hyperparameters.{name}"
             kind, spec = draw_of(distribution)
@@ -232,7 +245,8 @@ def expand(raw: Any) -> Any:
     try:
         settings = Settings.parse(section, algo if isinstance(algo, dict) else None)
     except (jsonschema.ValidationError, TypeError) as exc:
-        raise ValueError(f"population: {getattr(exc, 'message', exc)}") from None
+        where = "".join(f".{p}" for p in getattr(exc, "absolute_path", ()))
+        raise ValueError(f"population{where}: {getattr(exc, 'message', exc)}") from None
     problems = settings.errors()
     if problems:
         raise ValueError("population: " + "; ".join(problems))
@@ -367,7 +381,8 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
 
     Ranking (by ``settings.rank_by``: mean return or rating) counts only members that
     have one; donors must have a checkpoint
-    (a member that never checkpointed is never copied, ray#27170)."""
+    (a member that never checkpointed is never copied, ray#27170) and, with
+    ``min_donor_win_probability``, expect at least that score against the recipient."""
     def score(i: int) -> float | None:
         return getattr(members[i], settings.rank_by)
 
@@ -378,6 +393,11 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
     if member not in ranked[:cut]:
         return None
     donors = [i for i in ranked[-cut:] if members[i].checkpointed and i != member]
+    threshold = settings.min_donor_win_probability
+    if threshold is not None:
+        mine = members[member].rating
+        donors = [i for i in donors if mine is not None and members[i].rating is not None
+                  and expected_score(members[i].rating, mine) >= threshold]
     if not donors:
         return None
     donor = rng.choice(donors)
