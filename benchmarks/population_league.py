@@ -1,7 +1,7 @@
 """Does Capture the Flag's recipe pay? What BENCHMARKS.md records for
 topologies/population_league.yaml.
 
-    python benchmarks/population_league.py run --seconds 900 --out DIR [--seed S]
+    python benchmarks/population_league.py run --seconds 900 --out DIR [--seed S] [--set K=V]
     python benchmarks/population_league.py compare DIR [--games 400] [--bot-simulations 100]
     python benchmarks/population_league.py plot DIR [DIR ...] [--png PNG]
     python benchmarks/population_league.py summary DIR [DIR ...]
@@ -87,10 +87,13 @@ def run(args: argparse.Namespace) -> None:
     (out / "draws.json").write_text(json.dumps(draws, indent=1))
     started = time.time()
     seed_set = [] if args.seed is None else [f"seed={args.seed}"]
-    proc = up(TOPOLOGY, out / "population", args.seconds, seed_set, out / "population.log")
+    proc = up(TOPOLOGY, out / "population", args.seconds, seed_set + args.set,
+              out / "population.log")
     if proc.wait() != 0:
         raise SystemExit(f"the population's run failed: {out / 'population.log'}")
     print(f"population: {time.time() - started:.0f} s; {load()}", flush=True)
+    if args.population_only:
+        return
     raw = topology(args.seed)
     broker_args = raw["nodes"]["broker"]["args"]
     started = time.time()
@@ -316,6 +319,12 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, help="the topology's seed (its draws and initial "
                    "weights; default: the file's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a change to the population's topology only, as `zmqrl up --set` "
+                        "(a knob under test; the independent arm is unchanged)")
+    p.add_argument("--population-only", action="store_true",
+                   help="run the population's arm only (a knob under test: link the "
+                        "independent_* directories of a run with the same --seed beside it)")
     p.set_defaults(fn=run)
     p = sub.add_parser("compare")
     p.add_argument("dir")
