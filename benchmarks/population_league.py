@@ -229,7 +229,7 @@ def compare(args: argparse.Namespace) -> None:
     print(f"head to head, {args.games} games: population {best_member} "
           f"{_record_text(record)} against {best.name}; {load()}", flush=True)
     bot = MCTSPlayer(game, args.bot_simulations, seed=7)
-    for player in (population, best):
+    for player in (population, best) if args.bot_against == "both" else (population,):
         record = _play(game, player, bot, args.games)
         report[f"vs_mcts_{player.name}"] = dict(zip(("wins", "draws", "losses"), record,
                                                     strict=True))
@@ -334,6 +334,9 @@ def main() -> None:
                    help="how the population's best member is picked (the independent "
                         "arm's always by round robin)")
     p.add_argument("--bot-simulations", type=int, default=100)
+    p.add_argument("--bot-against", choices=("both", "population"), default="both",
+                   help="population: only the population's best plays the MCTS bot (a "
+                        "knob's run beside independent runs already measured)")
     p.set_defaults(fn=compare)
     p = sub.add_parser("plot")
     p.add_argument("dirs", nargs="+", metavar="DIR")
