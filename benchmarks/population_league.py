@@ -303,9 +303,12 @@ def summary(args: argparse.Namespace) -> None:
         h2h = report["head_to_head"]
         record = (h2h["wins"], h2h["draws"], h2h["losses"])
         low, high = _interval(record)
-        mcts = [report[k] for k in report if k.startswith("vs_mcts_")]
-        texts = [f"{_score((r['wins'], r['draws'], r['losses'])):.3f} "
-                 f"({r['wins']:.0f}/{r['draws']:.0f}/{r['losses']:.0f})" for r in mcts]
+        texts = []
+        for arm in ("population", "independent"):
+            r = next((report[k] for k in report if k.startswith(f"vs_mcts_{arm}")), None)
+            texts.append("not played" if r is None else
+                         f"{_score((r['wins'], r['draws'], r['losses'])):.3f} "
+                         f"({r['wins']:.0f}/{r['draws']:.0f}/{r['losses']:.0f})")
         print(f"| {Path(d).name} | {report['population_best']} | {report['independent_best']}"
               f" | {record[0]:.0f} / {record[1]:.0f} / {record[2]:.0f} | "
               f"{_score(record):.3f} [{low:.3f}, {high:.3f}] | {' | '.join(texts)} |")
