@@ -295,9 +295,9 @@ def plot(args: argparse.Namespace) -> None:
 
 def summary(args: argparse.Namespace) -> None:
     """One table row per run directory's ``compare.json``: what BENCHMARKS.md records."""
-    print("| run | population best | independent best | head to head (W D L) | score "
-          "[95 %] | population vs MCTS | independent vs MCTS |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | population best (updates) | independent best (updates) | exploits | "
+          "head to head (W D L) | score [95 %] | population vs MCTS | independent vs MCTS |")
+    print("|---|---|---|---|---|---|---|---|")
     for d in args.dirs:
         report = json.loads((Path(d) / "compare.json").read_text())
         h2h = report["head_to_head"]
@@ -309,7 +309,11 @@ def summary(args: argparse.Namespace) -> None:
             texts.append("not played" if r is None else
                          f"{_score((r['wins'], r['draws'], r['losses'])):.3f} "
                          f"({r['wins']:.0f}/{r['draws']:.0f}/{r['losses']:.0f})")
-        print(f"| {Path(d).name} | {report['population_best']} | {report['independent_best']}"
+        lineage = Path(d) / "population" / "pbt" / "lineage.jsonl"
+        exploits = len(lineage.read_text().splitlines()) if lineage.exists() else 0
+        print(f"| {Path(d).name} | {report['population_best']} "
+              f"({report['population_updates']}) | {report['independent_best']} "
+              f"({report['independent_updates']}) | {exploits}"
               f" | {record[0]:.0f} / {record[1]:.0f} / {record[2]:.0f} | "
               f"{_score(record):.3f} [{low:.3f}, {high:.3f}] | {' | '.join(texts)} |")
 
