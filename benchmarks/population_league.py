@@ -2,7 +2,7 @@
 topologies/population_league.yaml.
 
     python benchmarks/population_league.py run --seconds 900 --out DIR [--seed S] [--set K=V]
-    python benchmarks/population_league.py compare DIR [--games 400] [--bot-simulations 100]
+    python benchmarks/population_league.py compare DIR [--games 400] [--bot-simulations 100 25]
     python benchmarks/population_league.py plot DIR [DIR ...] [--png PNG]
     python benchmarks/population_league.py summary DIR [DIR ...]
 
@@ -21,7 +21,10 @@ arm's four (``--round-robin-games`` a pair; ``--pick rating`` picks the populati
 the league's last ratings instead, as before 2026-12-06), play ``--games`` games head to head,
 half in each seat, each policy sampling its moves as it does in training; then each
 plays ``--games`` games against OpenSpiel's MCTS bot with ``--bot-simulations``
-random-rollout simulations a move. Prints the records and writes ``compare.json``.
+random-rollout simulations a move (several values: a yardstick of each strength). Torch's
+generator, which samples the policies' moves, is seeded (``--seed``) afresh before each
+stage: compare run again plays the same games. Prints the records and writes
+``compare.json``.
 
 ``plot``: per run directory, the population members' Elo over time (the league's
 ``league/ratings.jsonl``, PBT's exploits dotted) and their hyperparameters over time (the
@@ -207,34 +210,47 @@ def compare(args: argparse.Namespace) -> None:
     # Each arm's best is picked the same way: a round robin among its own four. (The
     # league's last rating is a noisy pick: members' ratings lie within ~50 points and
     # one history line moved one by 80.)
+    # The policies sample their moves with torch's generator: seeded afresh before each
+    # stage, so that a compare run again plays the same games, and the independent arm's
+    # round robin is the same games whichever population directory it sits beside.
     if args.pick == "rating":
         pop_scores = {f"population_{m}": ratings[m] for m in members}
     else:
+        torch.manual_seed(args.seed)
         pop_scores = _round_robin(game, population_players, args.round_robin_games)
     population, pop_updates = max(population_players, key=lambda pu: pop_scores[pu[0].name])
     best_member = population.name.removeprefix("population_")
+    torch.manual_seed(args.seed)
     scores = _round_robin(game, independents, args.round_robin_games)
     best, best_updates = max(independents, key=lambda pu: scores[pu[0].name])
     report: dict[str, Any] = {
         "population_best": best_member, "population_updates": pop_updates,
-        "population_pick": args.pick, "population_scores": pop_scores,
+        "population_pick": args.pick, "seed": args.seed, "population_scores": pop_scores,
         "population_ratings": {k: v for k, v in ratings.items() if "@" not in k},
         "independent_round_robin": scores, "independent_best": best.name,
         "independent_updates": best_updates,
         "updates_all": {"population": {p.name: u for p, u in population_players},
                         "independent": {p.name: u for p, u in independents}}}
+    torch.manual_seed(args.seed)
     record = _play(game, population, best, args.games)
     report["head_to_head"] = dict(zip(("wins", "draws", "losses"), record, strict=True))
     report["head_to_head"]["interval"] = _interval(record)
     print(f"head to head, {args.games} games: population {best_member} "
           f"{_record_text(record)} against {best.name}; {load()}", flush=True)
-    bot = MCTSPlayer(game, args.bot_simulations, seed=7)
-    for player in (population, best) if args.bot_against == "both" else (population,):
-        record = _play(game, player, bot, args.games)
-        report[f"vs_mcts_{player.name}"] = dict(zip(("wins", "draws", "losses"), record,
-                                                    strict=True))
-        print(f"{player.name} against MCTS-{args.bot_simulations}, {args.games} games: "
-              f"{_record_text(record)}; {load()}", flush=True)
+    # The yardsticks: MCTS bots of each strength asked (the first's records also under
+    # the keys vs_mcts_<player>, as before several could be asked)
+    report["yardsticks"] = {}
+    for n, simulations in enumerate(args.bot_simulations):
+        for player in (population, best) if args.bot_against == "both" else (population,):
+            torch.manual_seed(args.seed)
+            bot = MCTSPlayer(game, simulations, seed=7)
+            record = _play(game, player, bot, args.games)
+            result = dict(zip(("wins", "draws", "losses"), record, strict=True))
+            report["yardsticks"].setdefault(str(simulations), {})[player.name] = result
+            if n == 0:
+                report[f"vs_mcts_{player.name}"] = result
+            print(f"{player.name} against MCTS-{simulations}, {args.games} games: "
+                  f"{_record_text(record)}; {load()}", flush=True)
     (out / "compare.json").write_text(json.dumps(report, indent=1))
 
 
@@ -296,26 +312,31 @@ def plot(args: argparse.Namespace) -> None:
 def summary(args: argparse.Namespace) -> None:
     """One table row per run directory's ``compare.json``: what BENCHMARKS.md records."""
     print("| run | population best (updates) | independent best (updates) | exploits | "
-          "head to head (W D L) | score [95 %] | population vs MCTS | independent vs MCTS |")
-    print("|---|---|---|---|---|---|---|---|")
+          "head to head (W D L) | score [95 %] | population, independent vs MCTS (by "
+          "simulations) |")
+    print("|---|---|---|---|---|---|")
     for d in args.dirs:
         report = json.loads((Path(d) / "compare.json").read_text())
         h2h = report["head_to_head"]
         record = (h2h["wins"], h2h["draws"], h2h["losses"])
         low, high = _interval(record)
+        yardsticks = report.get("yardsticks") or {
+            "first": {k.removeprefix("vs_mcts_"): v for k, v in report.items()
+                      if k.startswith("vs_mcts_")}}
         texts = []
-        for arm in ("population", "independent"):
-            r = next((report[k] for k in report if k.startswith(f"vs_mcts_{arm}")), None)
-            texts.append("not played" if r is None else
-                         f"{_score((r['wins'], r['draws'], r['losses'])):.3f} "
-                         f"({r['wins']:.0f}/{r['draws']:.0f}/{r['losses']:.0f})")
+        for simulations, records in yardsticks.items():
+            for arm in ("population", "independent"):
+                r = next((v for k, v in records.items() if k.startswith(arm)), None)
+                texts.append(f"{simulations}: not played" if r is None else
+                             f"{simulations}: {_score((r['wins'], r['draws'], r['losses'])):.3f}"
+                             f" ({r['wins']:.0f}/{r['draws']:.0f}/{r['losses']:.0f})")
         lineage = Path(d) / "population" / "pbt" / "lineage.jsonl"
         exploits = len(lineage.read_text().splitlines()) if lineage.exists() else 0
         print(f"| {Path(d).name} | {report['population_best']} "
               f"({report['population_updates']}) | {report['independent_best']} "
               f"({report['independent_updates']}) | {exploits}"
               f" | {record[0]:.0f} / {record[1]:.0f} / {record[2]:.0f} | "
-              f"{_score(record):.3f} [{low:.3f}, {high:.3f}] | {' | '.join(texts)} |")
+              f"{_score(record):.3f} [{low:.3f}, {high:.3f}] | {'; '.join(texts)} |")
 
 
 def main() -> None:
@@ -340,7 +361,11 @@ def main() -> None:
     p.add_argument("--pick", choices=("round-robin", "rating"), default="round-robin",
                    help="how the population's best member is picked (the independent "
                         "arm's always by round robin)")
-    p.add_argument("--bot-simulations", type=int, default=100)
+    p.add_argument("--bot-simulations", type=int, nargs="+", default=[100],
+                   help="the MCTS yardstick's random-rollout simulations a move; several "
+                        "values: a yardstick of each strength")
+    p.add_argument("--seed", type=int, default=0, help="torch's seed for the policies' "
+                   "moves, set afresh before each stage")
     p.add_argument("--bot-against", choices=("both", "population"), default="both",
                    help="population: only the population's best plays the MCTS bot (a "
                         "knob's run beside independent runs already measured)")
