@@ -357,7 +357,9 @@ def main() -> None:
     p = sub.add_parser("compare")
     p.add_argument("dir")
     p.add_argument("--games", type=int, default=400)
-    p.add_argument("--round-robin-games", type=int, default=40)
+    p.add_argument("--round-robin-games", type=int, default=200,
+                   help="games a pair in each arm's round robin (at 40, two of three "
+                        "population picks changed between two passes)")
     p.add_argument("--pick", choices=("round-robin", "rating"), default="round-robin",
                    help="how the population's best member is picked (the independent "
                         "arm's always by round robin)")
