@@ -125,6 +125,9 @@ def test_a_donor_must_be_clearly_stronger_when_a_win_probability_is_set():
     assert decide(3, far, settings, rng) is None
     unrated = {**far, 0: Member(steps=100, hyperparameters={"lr": 1e-4}, checkpointed=True)}
     assert decide(0, unrated, settings, rng) is None
+    off = Settings.parse({"size": 4, "hyperparameters": {"lr": LR}, "rank_by": "rating",
+                          "min_donor_win_probability": None}, ALGO)  # null: the rule off
+    assert decide(0, close, off, rng).donor == 3
 
 
 @pytest.mark.parametrize("section, says", [

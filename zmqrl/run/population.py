@@ -76,7 +76,8 @@ SCHEMA: dict[str, Any] = {
         # expected score against it, by their ratings, is at least this (the Capture the
         # Flag population's exploit rule used 0.7); members rated alike keep their own
         # weights, so that a population of near-equals is not reshuffled by rating noise
-        "min_donor_win_probability": {"type": "number", "minimum": 0.5,
+        # (null: off, as when absent)
+        "min_donor_win_probability": {"type": ["number", "null"], "minimum": 0.5,
                                       "exclusiveMaximum": 1},
     },
 }
