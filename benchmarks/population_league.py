@@ -270,10 +270,12 @@ def plot(args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
 
     outs = [Path(d) for d in args.dirs]
-    learners = {out: sorted((out / "population" / "metrics").glob("learner_m*.csv"))
+    # each run's members' metrics rows, read once: {run: {member: rows}}
+    learners = {out: {path.stem.removeprefix("learner_"): _csv_rows(path) for path in
+                      sorted((out / "population" / "metrics").glob("learner_m*.csv"))}
                 for out in outs}
-    hypers = sorted({k for paths in learners.values() for path in paths
-                     for k in (_csv_rows(path)[:1] or [{}])[0] if k.startswith("hp_")})
+    hypers = sorted({k for tables in learners.values() for rows in tables.values()
+                     for k in (rows[:1] or [{}])[0] if k.startswith("hp_")})
     fig, axes = plt.subplots(1 + len(hypers), len(outs), squeeze=False,
                              figsize=(5.5 * len(outs), 3.4 * (1 + len(hypers))))
     for col, out in enumerate(outs):
@@ -295,12 +297,11 @@ def plot(args: argparse.Namespace) -> None:
             ax.legend(fontsize=7)
         for row, key in enumerate(hypers, start=1):
             ax = axes[row][col]
-            for i, path in enumerate(learners[out]):
-                pts = [(float(r["time_s"]) / 60, float(r[key])) for r in _csv_rows(path)
+            for i, (member, rows) in enumerate(learners[out].items()):
+                pts = [(float(r["time_s"]) / 60, float(r[key])) for r in rows
                        if r.get(key) not in (None, "")]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), color=f"C{i}", lw=1.2,
-                            label=path.stem.removeprefix("learner_"))
+                    ax.plot(*zip(*pts, strict=True), color=f"C{i}", lw=1.2, label=member)
             ax.set_yscale("log")
             ax.set_xlabel("minutes (the learner's clock)")
             ax.set_title(f"{out.name}: members' {key.removeprefix('hp_')}", fontsize=9)
@@ -314,7 +315,7 @@ def summary(args: argparse.Namespace) -> None:
     print("| run | population best (updates) | independent best (updates) | exploits | "
           "head to head (W D L) | score [95 %] | population, independent vs MCTS (by "
           "simulations) |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for d in args.dirs:
         report = json.loads((Path(d) / "compare.json").read_text())
         h2h = report["head_to_head"]
