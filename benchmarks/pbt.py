@@ -1,7 +1,7 @@
 """PBT against the same population without it: the best member's return and wall time.
 
     python benchmarks/pbt.py [--seeds 1 2 3] [--max-steps 200000] [--set key=value ...]
-        [--out DIR] [topologies/pbt_seed.yaml]
+        [--out DIR [--at STEPS ...] [--reach R]] [--read-only] [topologies/pbt_seed.yaml]
 
 Per seed, two runs of `zmqrl up T --max-steps N --set seed=S` (N: env steps of all
 members together, so both arms see the same): one with PBT as the topology says, one
@@ -13,6 +13,12 @@ time (process start-up included) and the machine's mean load average over the ru
 (sampled every 5 s; on a shared machine it says how comparable runs are). With ``--out``
 the members' metrics and the lineage are kept and plotted (DIR/pbt.png): each member's
 return against its env steps in both arms, and the PBT members' hyperparameters.
+
+A final figure says little where every arm ends at a ceiling (CartPole's 500), so with
+``--out`` the kept curves are also read part-way: ``--at`` a member's env steps, each
+arm's median and best member's return(100) there, and with ``--reach`` the env steps each
+member took to first reach that return. ``--read-only`` reads a kept ``--out`` again
+without running.
 """
 
 from __future__ import annotations
@@ -89,7 +95,16 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--out", type=Path, help="keep each run's members' metrics and "
                         "lineage here (<out>/seed<S>-pbt|fixed/) and draw <out>/pbt.png")
+    parser.add_argument("--at", type=int, nargs="+", default=[],
+                        help="read the kept curves at these env steps of a member")
+    parser.add_argument("--reach", type=float, help="and the env steps to this return(100)")
+    parser.add_argument("--read-only", action="store_true", help="read --out, run nothing")
     args = parser.parse_args()
+    if (args.at or args.reach is not None or args.read_only) and not args.out:
+        parser.error("--at, --reach and --read-only read the curves kept by --out")
+    if args.read_only:
+        read_curves(args.out, args.seeds, args.at, args.reach)
+        return
     print("| seed | PBT | best return(100) | best return(20) | its lr | members' median "
           "return(100) | exploits | env steps | wall s | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -104,11 +119,49 @@ def main() -> None:
             print(json.dumps(r), file=sys.stderr, flush=True)
     if args.out:
         plot(args.out, args.seeds)
+        if args.at or args.reach is not None:
+            read_curves(args.out, args.seeds, args.at, args.reach)
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
     with path.open() as f:
         return [r for r in csv.DictReader(f) if r.get("return_mean_100") not in (None, "")]
+
+
+def _curve(path: Path) -> list[tuple[float, float]]:
+    return [(float(r["env_steps"]), float(r["return_mean_100"])) for r in _rows(path)
+            if r["return_mean_100"] != "nan"]
+
+
+def _at(curve: list[tuple[float, float]], steps: float) -> float:
+    """The last return(100) reported at or before ``steps`` of the member (nan: none)."""
+    before = [ret for s, ret in curve if s <= steps]
+    return before[-1] if before else float("nan")
+
+
+def read_curves(out: Path, seeds: list[int], at: list[int], reach: float | None) -> None:
+    """A markdown table: per seed and arm, the members' median and best return(100) at
+    each of ``at`` member env steps, and each member's env steps to ``reach`` (sorted)."""
+    head = "| seed | arm | " + " | ".join(f"median / best at {k:,}" for k in at)
+    head += f" | members to {reach:g} (k steps) |" if reach is not None else " |"
+    print(head)
+    print("|---|---|" + "---|" * (len(at) + (reach is not None)))
+    for seed in seeds:
+        for arm in ("pbt", "fixed"):
+            curves = [_curve(p) for p in sorted((out / f"seed{seed}-{arm}").glob(
+                "learner_m*.csv"))]
+            if not curves:
+                continue
+            cells = []
+            for k in at:
+                values = [_at(c, k) for c in curves]
+                cells.append(f"{statistics.median(values):.1f} / {max(values):.1f}")
+            if reach is not None:
+                firsts = sorted(next((s for s, ret in c if ret >= reach), float("inf"))
+                                for c in curves)
+                cells.append(", ".join("never" if s == float("inf") else f"{s / 1000:.0f}"
+                                       for s in firsts))
+            print(f"| {seed} | {arm} | " + " | ".join(cells) + " |")
 
 
 def plot(out: Path, seeds: list[int]) -> None:
