@@ -1,7 +1,8 @@
 """PBT against the same population without it: the best member's return and wall time.
 
     python benchmarks/pbt.py [--seeds 1 2 3] [--max-steps 200000] [--set key=value ...]
-        [--out DIR [--at STEPS ...] [--reach R]] [--read-only] [topologies/pbt_seed.yaml]
+        [--out DIR [--at STEPS ...] [--reach R]] [--read-only] [--arms pbt fixed]
+        [topologies/pbt_seed.yaml]
 
 Per seed, two runs of `zmqrl up T --max-steps N --set seed=S` (N: env steps of all
 members together, so both arms see the same): one with PBT as the topology says, one
@@ -18,7 +19,7 @@ A final figure says little where every arm ends at a ceiling (CartPole's 500), s
 ``--out`` the kept curves are also read part-way: ``--at`` a member's env steps, each
 arm's median and best member's return(100) there, and with ``--reach`` the env steps each
 member took to first reach that return. ``--read-only`` reads a kept ``--out`` again
-without running.
+(the plot and the table) without running.
 """
 
 from __future__ import annotations
@@ -98,18 +99,21 @@ def main() -> None:
     parser.add_argument("--at", type=int, nargs="+", default=[],
                         help="read the kept curves at these env steps of a member")
     parser.add_argument("--reach", type=float, help="and the env steps to this return(100)")
-    parser.add_argument("--read-only", action="store_true", help="read --out, run nothing")
+    parser.add_argument("--read-only", action="store_true", help="plot and read --out, run nothing")
+    parser.add_argument("--arms", nargs="+", choices=("pbt", "fixed"), default=["pbt", "fixed"],
+                        help="run only these (a knob of PBT's beside a kept fixed arm)")
     args = parser.parse_args()
     if (args.at or args.reach is not None or args.read_only) and not args.out:
         parser.error("--at, --reach and --read-only read the curves kept by --out")
     if args.read_only:
+        plot(args.out, args.seeds)
         read_curves(args.out, args.seeds, args.at, args.reach)
         return
     print("| seed | PBT | best return(100) | best return(20) | its lr | members' median "
           "return(100) | exploits | env steps | wall s | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for seed in args.seeds:
-        for pbt in (True, False):
+        for pbt in (arm == "pbt" for arm in args.arms):
             keep = args.out / f"seed{seed}-{'pbt' if pbt else 'fixed'}" if args.out else None
             r = run(args.topology, seed, args.max_steps, pbt, args.overrides, keep)
             print(f"| {seed} | {'yes' if pbt else 'no'} | {r['best_return_100']} | "
@@ -171,7 +175,9 @@ def plot(out: Path, seeds: list[int]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
+    thousands = FuncFormatter(lambda x, _: f"{x / 1000:g}k")  # 150k, not 150000 run together
     runs = {seed: {arm: sorted((out / f"seed{seed}-{arm}").glob("learner_m*.csv"))
                    for arm in ("pbt", "fixed")} for seed in seeds}
     hypers = sorted({k for seed in seeds for path in runs[seed]["pbt"]
@@ -188,6 +194,7 @@ def plot(out: Path, seeds: list[int]) -> None:
                         lw=1.2, label=f"{path.stem.split('_')[-1]} {arm}")
         ax.set_title(f"seed {seed}: return(100), PBT solid, fixed dashed", fontsize=9)
         ax.set_xlabel("member's env steps")
+        ax.xaxis.set_major_formatter(thousands)
         if col == 0:
             ax.legend(fontsize=6, ncol=2)
         for row, key in enumerate(hypers, start=1):
@@ -199,6 +206,7 @@ def plot(out: Path, seeds: list[int]) -> None:
             ax.set_yscale("log")
             ax.set_title(f"PBT members' {key.removeprefix('hp_')}", fontsize=9)
             ax.set_xlabel("member's env steps")
+            ax.xaxis.set_major_formatter(thousands)
     fig.tight_layout()
     fig.savefig(out / "pbt.png", dpi=80)
     print(f"plot: {out / 'pbt.png'}")

@@ -155,7 +155,8 @@ class PBTController(Node):
     def _on_report(self, member: int, identity: Identity, f: dict[str, Any]) -> None:
         decision = self.pop.on_report(member, int(f["steps"]), f.get("mean_return"),
                                       dict(f.get("hyperparameters") or {}),
-                                      bool(f.get("checkpointed")), int(f.get("updates") or 0))
+                                      bool(f.get("checkpointed")), int(f.get("updates") or 0),
+                                      f.get("return_std"), int(f.get("episodes") or 0))
         if decision is None:
             return
         donor = self.bindings.peers.get(decision.donor)

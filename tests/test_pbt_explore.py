@@ -132,6 +132,9 @@ def test_a_donor_must_be_clearly_stronger_when_a_win_probability_is_set():
 
 @pytest.mark.parametrize("section, says", [
     ({"rank_by": "mean_return", "min_donor_win_probability": 0.7}, "needs rank_by: rating"),
+    ({"rank_by": "rating", "min_donor_confidence": 0.95}, "needs rank_by: mean_return"),
+    ({"min_donor_confidence": 1.0}, "min_donor_confidence"),
+    ({"min_donor_confidence": 0.3}, "min_donor_confidence"),
     ({"rank_by": "rating", "min_donor_win_probability": 1.0}, "min_donor_win_probability"),
     ({"rank_by": "rating", "min_donor_win_probability": 0.4}, "min_donor_win_probability"),
 ])
@@ -142,6 +145,70 @@ def test_a_bad_win_probability_is_refused_naming_it(section, says):
            "algo": ALGO, "nodes": {}}
     with pytest.raises(ValueError, match=says):
         population.expand(raw)
+
+
+def test_a_donor_must_be_ahead_beyond_noise_when_a_confidence_is_set():
+    """min_donor_confidence (the PBT paper's t-test selection): the bottom member copies
+    the top one only when Welch's t-test over their reported episodes says the top one's
+    mean return is above its own with that confidence."""
+    def spread(stats: list[tuple[float, float]], episodes: int = 20) -> dict[int, Member]:
+        return {i: Member(steps=100, mean_return=m, return_std=sd, episodes=episodes,
+                          hyperparameters={"lr": 1e-4}, checkpointed=True)
+                for i, (m, sd) in enumerate(stats)}
+
+    settings = _settings(size=4, min_donor_confidence=0.95)
+    rng = random.Random(0)
+    # 120 against 140, each +-60 over 20 episodes: t = 1.05, 85 % sure: no exploit
+    # (without the rule, the bottom copies the top)
+    noisy = spread([(120.0, 60.0), (125.0, 60.0), (130.0, 60.0), (140.0, 60.0)])
+    assert decide(0, noisy, settings, rng) is None
+    assert decide(0, noisy, _settings(size=4), rng).donor == 3
+    # 120 against 200: t = 4.2, all but certain: it copies; the top never copies
+    ahead = spread([(120.0, 60.0), (125.0, 60.0), (130.0, 60.0), (200.0, 60.0)])
+    assert decide(0, ahead, settings, rng).donor == 3
+    assert decide(3, ahead, settings, rng) is None
+    # the same means from 2 episodes each are not enough to be sure
+    assert decide(0, spread([(120.0, 60.0), (125.0, 60.0), (130.0, 60.0), (200.0, 60.0)],
+                            episodes=2), settings, rng) is None
+    # a member that reported no spread is not judged, nor copied
+    silent = {**ahead, 0: Member(steps=100, mean_return=120.0, hyperparameters={"lr": 1e-4},
+                                 checkpointed=True)}
+    assert decide(0, silent, settings, rng) is None
+    off = Settings.parse({"size": 4, "hyperparameters": {"lr": LR},
+                          "min_donor_confidence": None}, ALGO)  # null: the rule off
+    assert decide(0, noisy, off, rng).donor == 3
+
+
+def test_welchs_test_agrees_with_the_tables():
+    """The t CDF behind min_donor_confidence, against Student's tables and Welch's df."""
+    from zmqrl.run.significance import student_t_cdf, welch_confidence
+
+    for t, df, p in ((2.086, 20, 0.975), (1.725, 20, 0.95), (12.706, 1, 0.975),
+                     (2.776, 4, 0.975), (1.960, 1e6, 0.975), (0.0, 7, 0.5)):
+        assert student_t_cdf(t, df) == pytest.approx(p, abs=2e-4)
+        assert student_t_cdf(-t, df) == pytest.approx(1 - p, abs=2e-4)
+    # equal spreads and counts: Welch's t is Student's, df = 2n - 2
+    t = (130 - 100) / math.sqrt(2 * 40**2 / 20)
+    assert welch_confidence(130, 40, 20, 100, 40, 20) == pytest.approx(student_t_cdf(t, 38))
+    assert welch_confidence(100, 40, 20, 130, 40, 20) < 0.05
+    assert welch_confidence(130, 40, 1, 100, 40, 20) == 0.0  # one episode: nothing to judge
+    assert welch_confidence(500, 0, 20, 100, 0, 20) == 1.0  # no spread: the means decide
+    with pytest.raises(ValueError, match="df >= 1"):
+        student_t_cdf(1.0, 0.5)
+
+
+def test_a_report_carries_the_spread_of_the_returns_it_ranks_by():
+    from zmqrl.bus.metrics import EpisodeStats
+    from zmqrl.parts.learning.pbt_member import ranked_returns, return_summary
+
+    episodes = EpisodeStats()
+    episodes.add(np.arange(30, dtype=np.float64), np.full(30, 10))
+    summary = return_summary(ranked_returns(episodes, at_load=0))
+    last = np.arange(10, 30, dtype=np.float64)  # the last 20
+    assert summary == {"mean_return": pytest.approx(last.mean()), "episodes": 20,
+                       "return_std": pytest.approx(last.std(ddof=1))}
+    assert return_summary(ranked_returns(episodes, at_load=episodes.count)) == {}
+    assert "return_std" not in return_summary([7.0])  # one return: no spread
 
 
 def test_the_league_is_told_of_every_exploit(processes, tmp_path, client_factory):

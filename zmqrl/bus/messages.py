@@ -485,6 +485,10 @@ MESSAGES: tuple[MessageSpec, ...] = (
         fields=(_PBT_MEMBER, Field("steps", "int", rule="nonneg", doc="env steps trained on"),
                 Field("mean_return", "number", False, "finite",
                       "mean return of its last 20 episodes (absent or nil: none yet)"),
+                Field("return_std", "number", False, "nonneg",
+                      "the sample standard deviation of those returns (with `episodes`: "
+                      "what `min_donor_confidence` tests; absent: not tested)"),
+                Field("episodes", "int", False, "nonneg", "how many returns the mean is of"),
                 _PBT_HYPER,
                 Field("checkpointed", "bool", doc="it has a checkpoint on disk (only such "
                                                   "members are copied)"),

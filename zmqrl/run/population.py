@@ -15,13 +15,15 @@ member's links to shared nodes stay as written. Nodes therefore see plain nodes;
 truncation selection (a member in the bottom fraction copies one of the top fraction,
 among the members that have a checkpoint), then perturbation (x0.8 / x1.2) or, with
 ``resample_probability``, a fresh draw; ranked by rating, a donor may have to be
-clearly stronger (``min_donor_win_probability``). A perturbed value stays within bounds: its
-distribution's (``uniform``/``loguniform`` clipped to their interval, a ``choice`` steps to
-the neighbouring choice), an int at least 1 that moves by at least one when the factor
-says so, and the algorithm field's declared range (:mod:`zmqrl.parts.bounds`); the
-result passes the algorithm config's own checks, or that value is copied unchanged.
-``Settings.errors`` refuses, at validation, a hyperparameter the algorithm has no field
-for or a distribution that reaches outside the field's range.
+clearly stronger (``min_donor_win_probability``), ranked by return it may have to be
+ahead beyond the noise of its episodes (``min_donor_confidence``, a t-test). A
+perturbed value stays within bounds: its distribution's (``uniform``/``loguniform``
+clipped to their interval, a ``choice`` steps to the neighbouring choice), an int at
+least 1 that moves by at least one when the factor says so, and the algorithm field's
+declared range (:mod:`zmqrl.parts.bounds`); the result passes the algorithm config's
+own checks, or that value is copied unchanged. ``Settings.errors`` refuses, at
+validation, a hyperparameter the algorithm has no field for or a distribution that
+reaches outside the field's range.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import jsonschema
 
 from zmqrl.parts import algo_config, bounds
 from zmqrl.parts.selfplay.elo import expected_score
+from zmqrl.run.significance import welch_confidence
 
 CONTROLLER = "pbt"  # the controller node's name in an expanded topology
 _NUMBER = {"type": "number"}
@@ -79,6 +82,13 @@ SCHEMA: dict[str, Any] = {
         # (null: off, as when absent)
         "min_donor_win_probability": {"type": ["number", "null"], "minimum": 0.5,
                                       "exclusiveMaximum": 1},
+        # rank_by: mean_return only: a bottom member copies a top one only when the top
+        # one's mean return is above its own with at least this confidence, by Welch's
+        # one-sided t-test over the episodes each reported (the PBT paper's t-test
+        # selection); members whose returns differ by noise keep their own weights
+        # (null: off, as when absent)
+        "min_donor_confidence": {"type": ["number", "null"], "minimum": 0.5,
+                                 "exclusiveMaximum": 1},
     },
 }
 
@@ -99,6 +109,7 @@ class Settings:
     shared: tuple[str, ...] = ()
     rank_by: str = "mean_return"
     min_donor_win_probability: float | None = None
+    min_donor_confidence: float | None = None
     # The topology's algo section the members start from: whose fields the
     # hyperparameters are, and whose ranges bound them. None: not known (no field checks).
     algo: Mapping[str, Any] | None = None
@@ -134,6 +145,9 @@ class Settings:
             found.append(f"min_donor_win_probability: {self.min_donor_win_probability} "
                          "compares ratings: it needs rank_by: rating (here "
                          f"{self.rank_by!r})")
+        if self.min_donor_confidence is not None and self.rank_by != "mean_return":
+            found.append(f"min_donor_confidence: {self.min_donor_confidence} tests mean "
+                         f"returns: it needs rank_by: mean_return (here {self.rank_by!r})")
         for name, distribution in sorted(self.hyperparameters.items()):
             where = f"hyperparameters.{name}"
             kind, spec = draw_of(distribution)
@@ -356,6 +370,8 @@ class Member:
 
     steps: int = 0
     mean_return: float | None = None
+    return_std: float | None = None  # of the returns the mean is of ...
+    episodes: int = 0  # ... and how many (min_donor_confidence's t-test)
     rating: float | None = None  # the league's, when members are ranked by rating
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     checkpointed: bool = False
@@ -383,7 +399,10 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
     Ranking (by ``settings.rank_by``: mean return or rating) counts only members that
     have one; donors must have a checkpoint
     (a member that never checkpointed is never copied, ray#27170) and, with
-    ``min_donor_win_probability``, expect at least that score against the recipient."""
+    ``min_donor_win_probability``, expect at least that score against the recipient;
+    with ``min_donor_confidence``, have a mean return above the recipient's with at
+    least that confidence (Welch's t-test; a member without a spread reported is
+    neither judged nor a donor)."""
     def score(i: int) -> float | None:
         return getattr(members[i], settings.rank_by)
 
@@ -399,6 +418,9 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
         mine = members[member].rating
         donors = [i for i in donors if mine is not None and members[i].rating is not None
                   and expected_score(members[i].rating, mine) >= threshold]
+    confidence = settings.min_donor_confidence
+    if confidence is not None:
+        donors = [i for i in donors if _confidence(members[i], members[member]) >= confidence]
     if not donors:
         return None
     donor = rng.choice(donors)
@@ -424,6 +446,15 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
                 hyper[name], how[name] = given[name], f"copy ({how[name]} gave {problem})"
     return Decision(member, donor, hyper, how, members[member].mean_return,
                     members[donor].mean_return, score(member), score(donor))
+
+
+def _confidence(donor: Member, recipient: Member) -> float:
+    """How sure the donor's mean return is above the recipient's (0: not known)."""
+    if None in (donor.mean_return, donor.return_std, recipient.mean_return,
+                recipient.return_std):
+        return 0.0
+    return welch_confidence(donor.mean_return, donor.return_std, donor.episodes,
+                            recipient.mean_return, recipient.return_std, recipient.episodes)
 
 
 def perturb(value: float, factor: float, distribution: Mapping[str, Any] | None) -> float:
@@ -474,13 +505,14 @@ class Population:
 
     def on_report(self, member: int, steps: int, mean_return: float | None,
                   hyperparameters: dict[str, Any], checkpointed: bool,
-                  updates: int = 0) -> Decision | None:
+                  updates: int = 0, return_std: float | None = None,
+                  episodes: int = 0) -> Decision | None:
         """Take a member's report; the decision to carry out if this is its ready point
         (every ``ready_after_updates`` of its updates when that is set, else every
         ``ready_after_steps`` of its env steps)."""
         m = self.members.setdefault(member, Member())
         m.steps, m.mean_return, m.checkpointed = steps, mean_return, checkpointed
-        m.updates = updates
+        m.updates, m.return_std, m.episodes = updates, return_std, episodes
         if member not in self.pending:  # while loading, its report may predate the load
             m.hyperparameters = dict(hyperparameters)
         by_updates = self.settings.ready_after_updates

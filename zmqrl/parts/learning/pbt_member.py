@@ -220,16 +220,34 @@ def _scalar_or_shaped(value: Any, path: str, shape: tuple) -> str | None:
         f"{path}: shape {tuple(value.shape)}, not {shape} or a scalar"
 
 
-def ranked_return(episodes: EpisodeStats, at_load: int) -> float | None:
-    """What ranks a member: the mean return of its last ``RANKED_EPISODES`` episodes
-    finished since its last load (``at_load``: the episode count then), or None until
+def ranked_returns(episodes: EpisodeStats, at_load: int) -> list[float] | None:
+    """The returns that rank a member: of its last ``RANKED_EPISODES`` episodes finished
+    since its last load (``at_load``: the episode count then), or None until
     ``MIN_FRESH_EPISODES`` have. The episodes before a load were the policy it replaced,
     and would rank it as that policy (and have it copy again at once)."""
     fresh = episodes.count - at_load
-    if fresh < MIN_FRESH_EPISODES:
+    if fresh < MIN_FRESH_EPISODES or not episodes.returns:
         return None
-    mean = episodes.mean_return(min(RANKED_EPISODES, fresh))
+    return [float(r) for r in list(episodes.returns)[-min(RANKED_EPISODES, fresh):]]
+
+
+def ranked_return(episodes: EpisodeStats, at_load: int) -> float | None:
+    """What ranks a member: the mean of :func:`ranked_returns` (None: not yet)."""
+    returns = ranked_returns(episodes, at_load)
+    mean = float(np.mean(returns)) if returns else math.nan
     return None if math.isnan(mean) else mean
+
+
+def return_summary(returns: list[float] | None) -> dict[str, float | int]:
+    """A report's ``mean_return``, ``return_std`` (sample, ddof 1) and ``episodes`` of
+    ``returns``; empty when there are none or they are not finite."""
+    if not returns or not np.isfinite(returns).all():
+        return {}
+    summary: dict[str, float | int] = {"mean_return": float(np.mean(returns)),
+                                       "episodes": len(returns)}
+    if len(returns) > 1:
+        summary["return_std"] = float(np.std(returns, ddof=1))
+    return summary
 
 
 class PBTMember:
@@ -254,8 +272,8 @@ class PBTMember:
     def report(self) -> None:
         node = self.learner
         episodes = getattr(node.source, "episodes", None)
-        mean = ranked_return(episodes, self.episodes_at_load) if episodes is not None else None
-        extra = {} if mean is None or math.isnan(mean) else {"mean_return": float(mean)}
+        extra = return_summary(ranked_returns(episodes, self.episodes_at_load)
+                               if episodes is not None else None)
         if not self._send(wire.encode(
                 wire.PBT_REPORT, member=self.member, steps=int(node.source.state()["env_steps"]),
                 hyperparameters=self.hyper, checkpointed=node.checkpointer.path.exists(),
