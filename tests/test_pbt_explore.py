@@ -266,7 +266,11 @@ def test_a_member_is_ranked_only_by_episodes_since_its_last_load():
     """The episodes before a load were the replaced policy's: a recipient reports no
     return until five of its own have finished, then the mean of its own only."""
     from zmqrl.bus.metrics import EpisodeStats
-    from zmqrl.parts.learning.pbt_member import ranked_return
+    from zmqrl.parts.learning.pbt_member import ranked_returns, return_summary
+
+    def ranked_return(episodes: EpisodeStats, at_load: int) -> float | None:
+        """The mean return a report carries (None: the report has none)."""
+        return return_summary(ranked_returns(episodes, at_load)).get("mean_return")
 
     episodes = EpisodeStats()
     episodes.add(np.full(30, 10.0), np.full(30, 10))  # the old policy's

@@ -231,13 +231,6 @@ def ranked_returns(episodes: EpisodeStats, at_load: int) -> list[float] | None:
     return [float(r) for r in list(episodes.returns)[-min(RANKED_EPISODES, fresh):]]
 
 
-def ranked_return(episodes: EpisodeStats, at_load: int) -> float | None:
-    """What ranks a member: the mean of :func:`ranked_returns` (None: not yet)."""
-    returns = ranked_returns(episodes, at_load)
-    mean = float(np.mean(returns)) if returns else math.nan
-    return None if math.isnan(mean) else mean
-
-
 def return_summary(returns: list[float] | None) -> dict[str, float | int]:
     """A report's ``mean_return``, ``return_std`` (sample, ddof 1) and ``episodes`` of
     ``returns``; empty when there are none or they are not finite."""
