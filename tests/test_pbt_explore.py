@@ -135,6 +135,8 @@ def test_a_donor_must_be_clearly_stronger_when_a_win_probability_is_set():
     ({"rank_by": "rating", "min_donor_confidence": 0.95}, "needs rank_by: mean_return"),
     ({"min_donor_confidence": 1.0}, "min_donor_confidence"),
     ({"min_donor_confidence": 0.3}, "min_donor_confidence"),
+    ({"rank_by": "rating", "min_donor_lead": 0.5}, "needs rank_by: mean_return"),
+    ({"min_donor_lead": -1.0}, "min_donor_lead"),
     ({"rank_by": "rating", "min_donor_win_probability": 1.0}, "min_donor_win_probability"),
     ({"rank_by": "rating", "min_donor_win_probability": 0.4}, "min_donor_win_probability"),
 ])
@@ -177,6 +179,35 @@ def test_a_donor_must_be_ahead_beyond_noise_when_a_confidence_is_set():
     off = Settings.parse({"size": 4, "hyperparameters": {"lr": LR},
                           "min_donor_confidence": None}, ALGO)  # null: the rule off
     assert decide(0, noisy, off, rng).donor == 3
+
+
+def test_a_donor_must_lead_by_the_stated_margin_when_a_lead_is_set():
+    """min_donor_lead: the bottom member copies the top one only when the top one's mean
+    return is at least that much above its own, however sure the t-test is: at chance,
+    a lead the test passes on noise is too small to act on."""
+    def spread(means: list[float], sd: float = 0.05) -> dict[int, Member]:
+        return {i: Member(steps=100, mean_return=m, return_std=sd, episodes=20,
+                          hyperparameters={"lr": 1e-4}, checkpointed=True)
+                for i, m in enumerate(means)}
+
+    rng = random.Random(0)
+    both = _settings(size=4, min_donor_confidence=0.95, min_donor_lead=0.5)
+    # 0.40 against 0.60, spreads of 0.05 over 20 episodes: the t-test alone is sure
+    # (t ~ 12.6) and copies; with a lead of 0.5 asked, it does not
+    chance = spread([0.40, 0.45, 0.50, 0.60])
+    assert decide(0, chance, _settings(size=4, min_donor_confidence=0.95), rng).donor == 3
+    assert decide(0, chance, both, rng) is None
+    # a lead of exactly 0.5 is enough; the top never copies
+    assert decide(0, spread([0.40, 0.45, 0.50, 0.90]), both, rng).donor == 3
+    assert decide(3, spread([0.40, 0.45, 0.50, 0.90]), both, rng) is None
+    # the lead alone, without the t-test: a wide spread does not hold it back
+    lead_only = _settings(size=4, min_donor_lead=0.5)
+    wide = spread([0.40, 0.45, 0.50, 1.40], sd=3.0)
+    assert decide(0, wide, lead_only, rng).donor == 3
+    assert decide(0, wide, both, rng) is None  # ... the t-test does (t ~ 1.05)
+    off = Settings.parse({"size": 4, "hyperparameters": {"lr": LR},
+                          "min_donor_lead": None}, ALGO)  # null: the rule off
+    assert decide(0, chance, off, rng).donor == 3
 
 
 def test_welchs_test_agrees_with_the_tables():

@@ -16,7 +16,8 @@ truncation selection (a member in the bottom fraction copies one of the top frac
 among the members that have a checkpoint), then perturbation (x0.8 / x1.2) or, with
 ``resample_probability``, a fresh draw; ranked by rating, a donor may have to be
 clearly stronger (``min_donor_win_probability``), ranked by return it may have to be
-ahead beyond the noise of its episodes (``min_donor_confidence``, a t-test). A
+ahead beyond the noise of its episodes (``min_donor_confidence``, a t-test) and by a
+lead that matters (``min_donor_lead``, in return units). A
 perturbed value stays within bounds: its distribution's (``uniform``/``loguniform``
 clipped to their interval, a ``choice`` steps to the neighbouring choice), an int at
 least 1 that moves by at least one when the factor says so, and the algorithm field's
@@ -89,6 +90,12 @@ SCHEMA: dict[str, Any] = {
         # (null: off, as when absent)
         "min_donor_confidence": {"type": ["number", "null"], "minimum": 0.5,
                                  "exclusiveMaximum": 1},
+        # rank_by: mean_return only: a bottom member copies a top one only when the top
+        # one's mean return leads its own by at least this much, in the env's return
+        # units: a lead too small to matter, even where the t-test is sure of it (at
+        # chance, in a game scoring 0-2, a test at 95 % still passes on noise about one
+        # comparison in twenty, and a run makes dozens) (null: off, as when absent)
+        "min_donor_lead": {"type": ["number", "null"], "minimum": 0},
     },
 }
 
@@ -110,6 +117,7 @@ class Settings:
     rank_by: str = "mean_return"
     min_donor_win_probability: float | None = None
     min_donor_confidence: float | None = None
+    min_donor_lead: float | None = None
     # The topology's algo section the members start from: whose fields the
     # hyperparameters are, and whose ranges bound them. None: not known (no field checks).
     algo: Mapping[str, Any] | None = None
@@ -148,6 +156,9 @@ class Settings:
         if self.min_donor_confidence is not None and self.rank_by != "mean_return":
             found.append(f"min_donor_confidence: {self.min_donor_confidence} tests mean "
                          f"returns: it needs rank_by: mean_return (here {self.rank_by!r})")
+        if self.min_donor_lead is not None and self.rank_by != "mean_return":
+            found.append(f"min_donor_lead: {self.min_donor_lead} compares mean returns: it "
+                         f"needs rank_by: mean_return (here {self.rank_by!r})")
         for name, distribution in sorted(self.hyperparameters.items()):
             where = f"hyperparameters.{name}"
             kind, spec = draw_of(distribution)
@@ -402,7 +413,8 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
     ``min_donor_win_probability``, expect at least that score against the recipient;
     with ``min_donor_confidence``, have a mean return above the recipient's with at
     least that confidence (Welch's t-test; a member without a spread reported is
-    neither judged nor a donor)."""
+    neither judged nor a donor); with ``min_donor_lead``, a mean return at least that
+    much above the recipient's."""
     def score(i: int) -> float | None:
         return getattr(members[i], settings.rank_by)
 
@@ -421,6 +433,12 @@ def decide(member: int, members: dict[int, Member], settings: Settings,
     confidence = settings.min_donor_confidence
     if confidence is not None:
         donors = [i for i in donors if _confidence(members[i], members[member]) >= confidence]
+    lead = settings.min_donor_lead
+    if lead is not None:
+        mine = members[member].mean_return
+        donors = [i for i in donors if mine is not None
+                  and members[i].mean_return is not None
+                  and members[i].mean_return - mine >= lead]
     if not donors:
         return None
     donor = rng.choice(donors)
