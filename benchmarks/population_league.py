@@ -3,6 +3,7 @@ topologies/population_league.yaml.
 
     python benchmarks/population_league.py run --seconds 900 --out DIR [--seed S] [--set K=V]
     python benchmarks/population_league.py compare DIR [--games 400] [--bot-simulations 100 25]
+        [--bot-against both|population|all]
     python benchmarks/population_league.py plot DIR [DIR ...] [--png PNG]
     python benchmarks/population_league.py summary DIR [DIR ...]
 
@@ -21,7 +22,8 @@ arm's four (``--round-robin-games`` a pair; ``--pick rating`` picks the populati
 the league's last ratings instead, as before 2026-12-06), play ``--games`` games head to head,
 half in each seat, each policy sampling its moves as it does in training; then each
 plays ``--games`` games against OpenSpiel's MCTS bot with ``--bot-simulations``
-random-rollout simulations a move (several values: a yardstick of each strength). Torch's
+random-rollout simulations a move (several values: a yardstick of each strength;
+``--bot-against all``: every member of both arms, and each arm's total). Torch's
 generator, which samples the policies' moves, is seeded (``--seed``) afresh before each
 stage: compare run again plays the same games. Prints the records and writes
 ``compare.json``.
@@ -240,8 +242,12 @@ def compare(args: argparse.Namespace) -> None:
     # The yardsticks: MCTS bots of each strength asked (the first's records also under
     # the keys vs_mcts_<player>, as before several could be asked)
     report["yardsticks"] = {}
+    against = {"both": [population, best], "population": [population],
+               # every member of each arm: how the arms compare as wholes, not only
+               # through their picks (a round robin picks who beats its own peers)
+               "all": [p for p, _ in population_players + independents]}[args.bot_against]
     for n, simulations in enumerate(args.bot_simulations):
-        for player in (population, best) if args.bot_against == "both" else (population,):
+        for player in against:
             torch.manual_seed(args.seed)
             bot = MCTSPlayer(game, simulations, seed=7)
             record = _play(game, player, bot, args.games)
@@ -251,6 +257,13 @@ def compare(args: argparse.Namespace) -> None:
                 report[f"vs_mcts_{player.name}"] = result
             print(f"{player.name} against MCTS-{simulations}, {args.games} games: "
                   f"{_record_text(record)}; {load()}", flush=True)
+        if args.bot_against == "all":
+            for arm in ("population", "independent"):
+                records = [r for name, r in report["yardsticks"][str(simulations)].items()
+                           if name.startswith(arm)]
+                total = tuple(sum(r[k] for r in records) for k in ("wins", "draws", "losses"))
+                print(f"{arm}'s {len(records)} against MCTS-{simulations}, "
+                      f"{args.games} games each: {_record_text(total)}", flush=True)
     (out / "compare.json").write_text(json.dumps(report, indent=1))
 
 
@@ -326,8 +339,10 @@ def summary(args: argparse.Namespace) -> None:
                       if k.startswith("vs_mcts_")}}
         texts = []
         for simulations, records in yardsticks.items():
-            for arm in ("population", "independent"):
-                r = next((v for k, v in records.items() if k.startswith(arm)), None)
+            # each arm's pick (with --bot-against all, every member's record is there)
+            for name in (f"population_{report['population_best']}",
+                         report["independent_best"]):
+                r = records.get(name)
                 texts.append(f"{simulations}: not played" if r is None else
                              f"{simulations}: {_score((r['wins'], r['draws'], r['losses'])):.3f}"
                              f" ({r['wins']:.0f}/{r['draws']:.0f}/{r['losses']:.0f})")
@@ -369,9 +384,10 @@ def main() -> None:
                         "values: a yardstick of each strength")
     p.add_argument("--seed", type=int, default=0, help="torch's seed for the policies' "
                    "moves, set afresh before each stage")
-    p.add_argument("--bot-against", choices=("both", "population"), default="both",
+    p.add_argument("--bot-against", choices=("both", "population", "all"), default="both",
                    help="population: only the population's best plays the MCTS bot (a "
-                        "knob's run beside independent runs already measured)")
+                        "knob's run beside independent runs already measured); all: every "
+                        "member of both arms does (the arms as wholes)")
     p.set_defaults(fn=compare)
     p = sub.add_parser("plot")
     p.add_argument("dirs", nargs="+", metavar="DIR")
