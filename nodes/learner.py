@@ -44,10 +44,12 @@ import numpy as np
 
 from zmqrl import plugins
 from zmqrl.bus import roles, wire
+from zmqrl.bus.metrics import RETURN_WINDOW
 from zmqrl.bus.node import Link, Node
 from zmqrl.parts.algo_config import Parts, config_type
 from zmqrl.parts.checkpoint import TORCH, Checkpointer, node_checkpoint
 from zmqrl.parts.envs import env_spec
+from zmqrl.parts.learning.pbt_member import RANKED_EPISODES
 from zmqrl.run.topology import NodeSpec, Topology, load_class
 
 # torch and the parts made of it are imported where they are used, not here: every node
@@ -141,6 +143,8 @@ class Learner(Node):
         # PBT (set by zmqrl/run/population.py): this member's index and hyperparameters
         member: int = -1
         hyperparameters: dict | None = None
+        # ... and how many of its latest episodes its reported mean return is over
+        ranked_episodes: int = RANKED_EPISODES
 
     def port_frame_cap(self, port: str) -> int | None:
         # A learner fed by a replay refuses every unroll: its experience port takes pings
@@ -181,6 +185,10 @@ class Learner(Node):
         for name in ("max_pending_grads", "threads"):
             if spec.args.get(name, 1) < 1:
                 return [(("nodes", spec.name, "args", name), "must be >= 1")]
+        ranked = spec.args.get("ranked_episodes", cls.Args.ranked_episodes)
+        if not 2 <= ranked <= RETURN_WINDOW:  # a spread needs two; a source keeps 100
+            return [(("nodes", spec.name, "args", "ranked_episodes"),
+                     f"{ranked}: must be 2 to {RETURN_WINDOW}")]
         widest = spec.args.get("max_unroll_envs", cls.Args.max_unroll_envs)
         if parts.unrolls and isinstance(widest, int):
             for producer, envs in _unroll_producers(spec.name, topo):
@@ -229,7 +237,8 @@ class Learner(Node):
         if "pbt" in self.ctx.spec.links:
             from zmqrl.parts.learning.pbt_member import PBTMember
 
-            self.pbt = PBTMember(self, self.args.member, self.args.hyperparameters or {})
+            self.pbt = PBTMember(self, self.args.member, self.args.hyperparameters or {},
+                                 ranked_episodes=self.args.ranked_episodes)
         self.updates = 0
         self.updates_skipped = 0  # updates with a step not taken: non-finite gradient norm
         self.unweighted_batches = 0  # prioritized batches whose weights the learner ignored

@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 import pytest
-from test_pbt_safety import _answer, _next, _report
+from test_pbt_safety import _answer, _FakeLearner, _next, _report
 
 from zmqrl.bus import wire
 from zmqrl.bus.endpoints import Endpoints
@@ -137,6 +137,9 @@ def test_a_donor_must_be_clearly_stronger_when_a_win_probability_is_set():
     ({"min_donor_confidence": 0.3}, "min_donor_confidence"),
     ({"rank_by": "rating", "min_donor_lead": 0.5}, "needs rank_by: mean_return"),
     ({"min_donor_lead": -1.0}, "min_donor_lead"),
+    ({"rank_by": "rating", "ranked_episodes": 50}, "needs rank_by: mean_return"),
+    ({"ranked_episodes": 1}, "ranked_episodes"),
+    ({"ranked_episodes": 101}, "ranked_episodes"),
     ({"rank_by": "rating", "min_donor_win_probability": 1.0}, "min_donor_win_probability"),
     ({"rank_by": "rating", "min_donor_win_probability": 0.4}, "min_donor_win_probability"),
 ])
@@ -240,6 +243,49 @@ def test_a_report_carries_the_spread_of_the_returns_it_ranks_by():
                        "return_std": pytest.approx(last.std(ddof=1))}
     assert return_summary(ranked_returns(episodes, at_load=episodes.count)) == {}
     assert "return_std" not in return_summary([7.0])  # one return: no spread
+
+
+def test_the_population_sets_how_many_episodes_a_mean_return_is_over(tmp_path):
+    """``ranked_episodes`` reaches every member's learner, and a member's report, sent
+    over a real socket, carries the mean and spread of that many of its latest episodes
+    (20 when the population does not say); a learner told more than it keeps is refused
+    naming the argument."""
+    from types import SimpleNamespace
+
+    import zmq
+
+    from zmqrl.bus import sockets
+    from zmqrl.bus.metrics import EpisodeStats
+    from zmqrl.parts.learning.pbt_member import PBTMember
+
+    topo = load(write_topology(tmp_path, "pbt_minatar.yaml",
+                               population={"ranked_episodes": 100}))
+    learners = [spec for name, spec in topo.nodes.items() if name.startswith("learner_m")]
+    assert [spec.args["ranked_episodes"] for spec in learners] == [100] * 4
+    ctx = zmq.Context.instance()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    router.bind(f"ipc://{tmp_path}/controller")
+    dealer.connect(f"ipc://{tmp_path}/controller")
+    try:
+        learner = _FakeLearner(dealer, tmp_path, wire.MAX_MESSAGE_BYTES)
+        learner.source = SimpleNamespace(state=lambda: {"env_steps": 0},
+                                         episodes=EpisodeStats())
+        learner.source.episodes.add(np.arange(150, dtype=np.float64), np.full(150, 10))
+        for ranked, kwargs in ((100, {"ranked_episodes": 100}), (20, {})):
+            PBTMember(learner, 0, {}, **kwargs).report()
+            assert router.poll(5000), "no report reached the controller"
+            report = wire.decode(sockets.split_envelope(router.recv_multipart())[1])
+            last = np.arange(150 - ranked, 150, dtype=np.float64)
+            assert report.type == wire.PBT_REPORT and report.fields["episodes"] == ranked
+            assert report.fields["mean_return"] == pytest.approx(last.mean())
+            assert report.fields["return_std"] == pytest.approx(last.std(ddof=1))
+    finally:
+        router.close(linger=0)
+        dealer.close(linger=0)
+    too_many = write_topology(tmp_path, "seed.yaml",
+                              nodes={"learner": {"args": {"ranked_episodes": 500}}})
+    with pytest.raises(TopologyError, match="ranked_episodes"):
+        load(too_many)
 
 
 def test_the_league_is_told_of_every_exploit(processes, tmp_path, client_factory):

@@ -484,7 +484,8 @@ MESSAGES: tuple[MessageSpec, ...] = (
         wire.PBT_REPORT, "A member's progress, every second.", "member learner → pbt `members`",
         fields=(_PBT_MEMBER, Field("steps", "int", rule="nonneg", doc="env steps trained on"),
                 Field("mean_return", "number", False, "finite",
-                      "mean return of its last 20 episodes (absent or nil: none yet)"),
+                      "mean return of its latest episodes since its last load: 20, or "
+                      "the population's `ranked_episodes` (absent or nil: none yet)"),
                 Field("return_std", "number", False, "nonneg",
                       "the sample standard deviation of those returns (with `episodes`: "
                       "what `min_donor_confidence` tests; absent: not tested)"),

@@ -63,10 +63,13 @@ class CsvLog:
             self._file = None
 
 
+RETURN_WINDOW = 100  # the episodes an EpisodeStats keeps unless told otherwise
+
+
 class EpisodeStats:
     """Returns and lengths of completed episodes, with windowed means."""
 
-    def __init__(self, window: int = 100):
+    def __init__(self, window: int = RETURN_WINDOW):
         self.returns: deque[float] = deque(maxlen=window)
         self.lengths: deque[int] = deque(maxlen=window)
         self.count = 0

@@ -40,6 +40,7 @@ from typing import Any
 
 import jsonschema
 
+from zmqrl.bus.metrics import RETURN_WINDOW
 from zmqrl.parts import algo_config, bounds
 from zmqrl.parts.selfplay.elo import expected_score
 from zmqrl.run.significance import welch_confidence
@@ -96,6 +97,11 @@ SCHEMA: dict[str, Any] = {
         # chance, in a game scoring 0-2, a test at 95 % still passes on noise about one
         # comparison in twenty, and a run makes dozens) (null: off, as when absent)
         "min_donor_lead": {"type": ["number", "null"], "minimum": 0},
+        # rank_by: mean_return only: how many of its latest episodes (finished since its
+        # last load) a member's reported mean return and spread are over. More reads a
+        # member's level with less noise (the mean's spread falls as 1/sqrt(n)) and
+        # follows a change more slowly; at most what a learner keeps (RETURN_WINDOW)
+        "ranked_episodes": {"type": "integer", "minimum": 2, "maximum": RETURN_WINDOW},
     },
 }
 
@@ -118,6 +124,7 @@ class Settings:
     min_donor_win_probability: float | None = None
     min_donor_confidence: float | None = None
     min_donor_lead: float | None = None
+    ranked_episodes: int | None = None  # None: the learner's own (20)
     # The topology's algo section the members start from: whose fields the
     # hyperparameters are, and whose ranges bound them. None: not known (no field checks).
     algo: Mapping[str, Any] | None = None
@@ -159,6 +166,9 @@ class Settings:
         if self.min_donor_lead is not None and self.rank_by != "mean_return":
             found.append(f"min_donor_lead: {self.min_donor_lead} compares mean returns: it "
                          f"needs rank_by: mean_return (here {self.rank_by!r})")
+        if self.ranked_episodes is not None and self.rank_by != "mean_return":
+            found.append(f"ranked_episodes: {self.ranked_episodes} sets what a mean return "
+                         f"is over: it needs rank_by: mean_return (here {self.rank_by!r})")
         for name, distribution in sorted(self.hyperparameters.items()):
             where = f"hyperparameters.{name}"
             kind, spec = draw_of(distribution)
@@ -307,6 +317,8 @@ def expand(raw: Any) -> Any:
                 args = body.setdefault("args", {})
                 args["member"] = member
                 args["hyperparameters"] = hyper
+                if settings.ranked_episodes is not None:
+                    args["ranked_episodes"] = settings.ranked_episodes
                 body.setdefault("links", {})["pbt"] = f"{CONTROLLER}.members"
             expanded[member_name(name, member)] = body
     out["nodes"] = expanded

@@ -5,7 +5,8 @@ The learner stays a thin shell: it builds a :class:`PBTMember` when it has a ``p
 link and hands every message on that link to :meth:`PBTMember.on_message`.
 
 * every ``report_every_s`` it sends ``pbt_report``: member, env steps, mean return of
-  the last 20 episodes finished since its last load (none until 5 have: the ones
+  the last 20 episodes (``ranked_episodes``: the population section's, up to the 100 a
+  learner keeps) finished since its last load (none until 5 have: the ones
   before were the policy it replaced, and would rank it as that policy), its
   hyperparameters, and whether it has a checkpoint on disk.
   The send never blocks: with the controller gone and the queue full, a report is
@@ -62,7 +63,8 @@ class Learner(Protocol):
 
 
 _CONTEXT = messages.Context()  # pbt messages name no env or model shapes
-RANKED_EPISODES = 20  # the mean return a report gives is over this many episodes ...
+RANKED_EPISODES = 20  # the mean return a report gives is over this many episodes (unless
+# the population says otherwise) ...
 MIN_FRESH_EPISODES = 5  # ... once this many have finished since the last load
 # Room a donor leaves under the message cap for the controller's pbt_load, which carries
 # the same state with a header of its own (new hyperparameters: at most 64 short ones).
@@ -220,15 +222,16 @@ def _scalar_or_shaped(value: Any, path: str, shape: tuple) -> str | None:
         f"{path}: shape {tuple(value.shape)}, not {shape} or a scalar"
 
 
-def ranked_returns(episodes: EpisodeStats, at_load: int) -> list[float] | None:
-    """The returns that rank a member: of its last ``RANKED_EPISODES`` episodes finished
+def ranked_returns(episodes: EpisodeStats, at_load: int,
+                   last: int = RANKED_EPISODES) -> list[float] | None:
+    """The returns that rank a member: of its ``last`` episodes finished
     since its last load (``at_load``: the episode count then), or None until
     ``MIN_FRESH_EPISODES`` have. The episodes before a load were the policy it replaced,
     and would rank it as that policy (and have it copy again at once)."""
     fresh = episodes.count - at_load
     if fresh < MIN_FRESH_EPISODES or not episodes.returns:
         return None
-    return [float(r) for r in list(episodes.returns)[-min(RANKED_EPISODES, fresh):]]
+    return [float(r) for r in list(episodes.returns)[-min(last, fresh):]]
 
 
 def return_summary(returns: list[float] | None) -> dict[str, float | int]:
@@ -246,9 +249,11 @@ def return_summary(returns: list[float] | None) -> dict[str, float | int]:
 class PBTMember:
     report_every_s = 1.0
 
-    def __init__(self, learner: Learner, member: int, hyper: dict[str, Any]):
+    def __init__(self, learner: Learner, member: int, hyper: dict[str, Any],
+                 ranked_episodes: int = RANKED_EPISODES):
         self.learner = learner
         self.member = member
+        self.ranked_episodes = ranked_episodes
         self.hyper = dict(hyper)
         self.loads = 0
         self.refused = 0  # loads refused (a bad state or hyperparameters)
@@ -265,7 +270,8 @@ class PBTMember:
     def report(self) -> None:
         node = self.learner
         episodes = getattr(node.source, "episodes", None)
-        extra = return_summary(ranked_returns(episodes, self.episodes_at_load)
+        extra = return_summary(ranked_returns(episodes, self.episodes_at_load,
+                                              self.ranked_episodes)
                                if episodes is not None else None)
         if not self._send(wire.encode(
                 wire.PBT_REPORT, member=self.member, steps=int(node.source.state()["env_steps"]),

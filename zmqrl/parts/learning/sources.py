@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from zmqrl.bus import messages, wire
-from zmqrl.bus.metrics import EpisodeStats
+from zmqrl.bus.metrics import RETURN_WINDOW, EpisodeStats
 from zmqrl.parts.devices import HostToDevice
 from zmqrl.parts.learning.checks import (
     STATE_KEYS,
@@ -133,7 +133,7 @@ class UnrollInbox:
         self.queue: deque[tuple[dict[str, np.ndarray], int]] = deque()
         self.queued_columns = 0
         self.env_steps = 0
-        self.episodes = EpisodeStats(window=100)
+        self.episodes = EpisodeStats(window=RETURN_WINDOW)
         self.lags: list[int] = []
         self._rate_mark = (time.monotonic(), 0)
 
