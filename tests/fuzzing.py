@@ -335,7 +335,9 @@ def _field_value(draw: st.DrawFn, f: messages.Field, hostile: bool, names: dict)
     if f.type == "int":
         return draw(st.integers(1 if f.rule == "positive" else 0, 3))
     if f.type == "number":
-        return draw(st.floats(0, 1)) if f.rule == "unit" else draw(st.floats(-1, 1))
+        # in [0, 1] where the rule bars negatives, else [-1, 1]: inside every other rule
+        return draw(st.floats(0, 1)) if f.rule in ("unit", "nonneg") else \
+            draw(st.floats(1, 3)) if f.rule == "positive" else draw(st.floats(-1, 1))
     if f.type == "str":
         return draw(st.sampled_from(["learner", "fuzz", "0"]))
     if f.type == "bool":
